@@ -1,0 +1,149 @@
+"""The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed, ckpt, bench) -> report.
+
+A bare `snakemake --cores 2` runs configs/sweeps/default.yaml. Another sweep: `--configfile configs/sweeps/X.yaml`.
+Overrides: `--config set="train.learning_rate=1e-4 eval.k=2"` or `--config 'train={learning_rate: 1e-4}'`.
+The whole configuration is validated here, before any job starts. Each rule is one `harness` command.
+"""
+
+import hashlib
+import json
+
+from harness.config import resolve, load_method
+from harness.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
+
+
+configfile: "configs/sweeps/default.yaml"
+
+
+RESOLVED = resolve(dict(config))
+SWEEP = RESOLVED.sweep
+PRESET = RESOLVED.preset
+PATHS = SweepPaths(RESOLVED.results_dir)
+ROOT = str(PATHS.root)
+# The exact sweep mapping every job reads, rewritten only when it changes (its mtime then marks a real change).
+SWEEP_FILE = PATHS.root / "sweep.yaml"
+_sweep_text = json.dumps(dict(config), sort_keys=True, indent=1, default=str)
+if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
+    SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
+    SWEEP_FILE.write_text(_sweep_text)
+HARNESS = f"harness {{cmd}} --sweep {SWEEP_FILE}"
+
+CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
+BENCHES = sorted(PRESET.eval.benchmarks)
+DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
+                (["train.jsonl", "eval.jsonl", "ood.jsonl"] if PRESET.data.kind == "synthetic" else ["train.jsonl"])]
+
+
+def digest(obj) -> str:
+    """A short hash of the configuration a job depends on: Snakemake reruns a job when its params change."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+PRESET_DICT = RESOLVED.to_dict()["preset"]
+TRAIN_DIGEST = digest({k: v for k, v in PRESET_DICT.items() if k != "eval"})
+EVAL_DIGEST = digest(PRESET_DICT["eval"])
+
+
+def method_digest(wildcards) -> str:
+    return digest([TRAIN_DIGEST, load_method(wildcards.method).params.__dict__])
+
+
+wildcard_constraints:
+    method=r"[A-Za-z0-9_\-]+",
+    seed=r"\d+",
+    ckpt=r"ckpt-\d{3}",
+    bench=r"[A-Za-z0-9_]+",
+
+
+def eval_targets():
+    runs = [(m, s, c) for m in SWEEP.methods for s in SWEEP.seeds for c in CKPTS]
+    runs.append((WARMSTART_LABEL, 0, "ckpt-000"))
+    return [f"{ROOT}/eval/{m}/seed{s}/{c}/{b}/results.json" for m, s, c in runs for b in BENCHES]
+
+
+rule all:
+    input:
+        f"{ROOT}/leaderboard.md",
+        f"{ROOT}/leaderboard.csv",
+
+
+rule data:
+    output:
+        DATA_OUTPUTS,
+    log:
+        f"{ROOT}/logs/data.log",
+    params:
+        cfg=digest(PRESET_DICT["data"]),
+    shell:
+        HARNESS.format(cmd="data") + " > {log} 2>&1"
+
+
+rule warmstart:
+    input:
+        DATA_OUTPUTS,
+    output:
+        f"{ROOT}/warmstart/model/warmstart.json",
+    log:
+        f"{ROOT}/logs/warmstart.log",
+    benchmark:
+        f"{ROOT}/benchmarks/warmstart.tsv"
+    params:
+        cfg=digest([PRESET_DICT["model"], PRESET_DICT["warmstart"], PRESET_DICT["data"]]),
+    threads: PRESET.warmstart.threads
+    shell:
+        HARNESS.format(cmd="warmstart") + " > {log} 2>&1"
+
+
+rule train:
+    input:
+        rules.warmstart.output,
+    output:
+        f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json",
+    log:
+        f"{ROOT}/logs/train/{{method}}_seed{{seed}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/train/{{method}}_seed{{seed}}.tsv"
+    params:
+        cfg=method_digest,
+    threads: PRESET.train.threads
+    resources:
+        gpu=0,
+    shell:
+        HARNESS.format(cmd="train") + " --method {wildcards.method} --seed {wildcards.seed} > {log} 2>&1"
+
+
+def eval_input(wildcards):
+    if wildcards.method == WARMSTART_LABEL:
+        return rules.warmstart.output
+    return f"{ROOT}/runs/{wildcards.method}/seed{wildcards.seed}/run.json"
+
+
+rule eval:
+    input:
+        eval_input,
+    output:
+        f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{{bench}}/results.json",
+        f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{{bench}}/samples.jsonl",
+    log:
+        f"{ROOT}/logs/eval/{{method}}_seed{{seed}}_{{ckpt}}_{{bench}}.log",
+    benchmark:
+        f"{ROOT}/benchmarks/eval/{{method}}_seed{{seed}}_{{ckpt}}_{{bench}}.tsv"
+    params:
+        cfg=EVAL_DIGEST,
+    threads: PRESET.eval.threads
+    shell:
+        HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
+        " --bench {wildcards.bench} > {log} 2>&1"
+
+
+rule report:
+    input:
+        eval_targets(),
+        expand(f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json", method=SWEEP.methods, seed=SWEEP.seeds),
+    output:
+        f"{ROOT}/leaderboard.md",
+        f"{ROOT}/leaderboard.csv",
+    log:
+        f"{ROOT}/logs/report.log",
+    shell:
+        HARNESS.format(cmd="report") + " > {log} 2>&1"

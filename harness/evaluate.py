@@ -1,0 +1,299 @@
+"""Evaluate one checkpoint on one benchmark: lm-eval generates, harness.scoring grades, we count.
+
+Protocol (``EvalConfig``): k samples per problem at ``temperature``/``top_p`` -> avg@k, unbiased pass@j
+(j = 1, 2, 4, ..., k), maj@k; plus one greedy completion per problem when ``greedy``. Prompts are
+``harness.prompts.render_prompt(template, problem, tokenizer)``, the text training sees, tokenized without special
+tokens as training does (``add_bos_token=False``); no lm-eval chat template is applied on top.
+
+How the task is built. The YAMLs in ``harness/tasks`` (a base ``_default_template_yaml`` plus ``include:``
+variants) hold the scoring hooks. For a run we write, under ``out_dir/lm_eval/``:
+  * ``docs.jsonl``: the benchmark rows (first ``limit``) with the rendered ``prompt``, ``scorer`` and
+    ``scoring_timeout_s`` added, so lm-eval needs no template logic and the docs are exactly what was asked;
+  * ``<task>.yaml`` per mode (sampled, greedy): ``include:`` of the variant (``harness/tasks/<bench>.yaml``, or
+    the base when there is none, e.g. ``arith_ood``) by absolute path, overriding ``task``,
+    ``dataset_kwargs.data_files`` (absolute), ``process_docs: null``, ``repeats`` and ``generation_kwargs``.
+These files are passed to ``simple_evaluate`` as task paths with ``TaskManager(include_defaults=False)``: only
+public lm-eval features (YAML ``include``, a YAML path as a task name), and the exact task that ran is kept
+next to its results. (A dict config would also work, but a dict is a full config, not an override, and
+``!function`` hooks in a dict would need lm-eval's private YAML loader.)
+
+Traps handled here: ``repeats: k`` alone scores only the first sample (lm-eval #3297), so the tasks use an
+identity filter; ``max_gen_toks`` defaults to 256 in lm-eval, so it is always set, in the task and the model
+args; transformers samples with ``top_k=50`` unless told otherwise, so the hf backend passes ``top_k=0``
+(vLLM's default is already all tokens).
+
+Outputs (written atomically; ``results.json`` last, so its presence means the run finished):
+``samples.jsonl`` one row per (problem, sample) and ``results.json`` (protocol, metrics, data checksum,
+versions, timings, and lm-eval's own aggregate of the same scores as a cross-check).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.config import BenchmarkConfig, EvalConfig
+from harness.datafiles import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+BASE_TASK = TASKS_DIR / "_default_template_yaml"
+
+
+# --- metrics (pure) -----------------------------------------------------------------------------------------------
+
+
+def avg_at_k(correct: Sequence[bool]) -> float:
+    """Fraction of a problem's samples that are correct (avg@k when len(correct) == k)."""
+    if not correct:
+        raise ValueError("avg_at_k: no samples")
+    return sum(bool(c) for c in correct) / len(correct)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    Chen et al. 2021 (arXiv:2107.03374), eq. 1; computed as the product 1 - prod_{i=n-c+1}^{n} (1 - k/i),
+    which avoids huge binomials.
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_answer(extracted: Sequence[str | None]) -> str | None:
+    """Most frequent extracted answer (None = nothing extracted, never a candidate); ties go to the earliest."""
+    counts = Counter(a for a in extracted if a is not None)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def majority_correct(extracted: Sequence[str | None], correct: Sequence[bool]) -> bool:
+    """maj@k: is the majority answer (over exact extracted strings) correct? False when nothing was extracted."""
+    answer = majority_answer(extracted)
+    if answer is None:
+        return False
+    return bool(next(c for a, c in zip(extracted, correct, strict=True) if a == answer))
+
+
+def pass_levels(k: int) -> list[int]:
+    """The j of pass@j we report: powers of two below k, and k itself."""
+    levels = [j for j in (2**i for i in range(k.bit_length())) if j < k]
+    return [*levels, k]
+
+
+def summarize(samples: Sequence[dict], k: int, max_gen_toks: int) -> dict[str, float | int | None]:
+    """Metrics from per-sample rows (the rows of ``samples.jsonl``); means run over gradable problems only."""
+    by_problem: dict[str, list[dict]] = {}
+    greedy: dict[str, dict] = {}
+    for row in samples:
+        if row["mode"] == "sampled":
+            by_problem.setdefault(row["id"], []).append(row)
+        else:
+            greedy[row["id"]] = row
+    gradable = {pid: rows for pid, rows in by_problem.items() if all(r["gradable"] for r in rows)}
+    for pid, rows in by_problem.items():
+        if len(rows) != k:
+            raise ValueError(f"problem {pid}: {len(rows)} sampled completions, expected k={k}")
+
+    def mean(values):
+        values = list(values)
+        return sum(values) / len(values) if values else None
+
+    sampled_rows = [r for rows in by_problem.values() for r in rows]
+    metrics: dict[str, float | int | None] = {
+        f"avg@{k}": mean(avg_at_k([r["correct"] for r in rows]) for rows in gradable.values()),
+    }
+    for j in pass_levels(k):
+        metrics[f"pass@{j}"] = mean(pass_at_k(k, sum(r["correct"] for r in rows), j) for rows in gradable.values())
+    metrics[f"maj@{k}"] = mean(float(majority_correct([r["extracted"] for r in rows], [r["correct"] for r in rows]))
+                               for rows in gradable.values())
+    metrics["mean_response_tokens"] = mean(r["response_tokens"] for r in sampled_rows)
+    metrics["format_ok_rate"] = mean(float(r["format_ok"]) for r in sampled_rows)
+    metrics["clipped_rate"] = mean(float(r["response_tokens"] >= max_gen_toks) for r in sampled_rows)
+    if greedy:
+        greedy_gradable = [r for r in greedy.values() if r["gradable"]]
+        metrics["greedy_accuracy"] = mean(float(r["correct"]) for r in greedy_gradable)
+        metrics["greedy_mean_response_tokens"] = mean(r["response_tokens"] for r in greedy.values())
+        metrics["greedy_format_ok_rate"] = mean(float(r["format_ok"]) for r in greedy.values())
+    metrics["n_gradable"] = len(gradable)
+    metrics["ungradable"] = len(by_problem) - len(gradable)
+    metrics["timed_out"] = sum(bool(r["timed_out"]) for r in samples)
+    return metrics
+
+
+# --- the lm-eval run ----------------------------------------------------------------------------------------------
+
+
+def generation_kwargs(eval_cfg: EvalConfig, stops: Sequence[str], mode: str) -> dict:
+    """lm-eval generation_kwargs for one mode; max_gen_toks always explicit (lm-eval's default is 256)."""
+    kwargs: dict = {"until": list(stops), "max_gen_toks": eval_cfg.max_gen_toks}
+    if mode == "greedy" or eval_cfg.temperature == 0.0:
+        return {**kwargs, "do_sample": False}
+    kwargs.update(do_sample=True, temperature=eval_cfg.temperature, top_p=eval_cfg.top_p)
+    if eval_cfg.backend == "hf":
+        kwargs["top_k"] = 0  # transformers would otherwise apply its default top_k=50
+    return kwargs
+
+
+def model_args(model_dir: Path, eval_cfg: EvalConfig, device: str) -> dict:
+    if eval_cfg.backend == "hf":
+        return {"pretrained": str(model_dir), "dtype": "float32" if device == "cpu" else "auto",
+                "add_bos_token": False, "max_gen_toks": eval_cfg.max_gen_toks, "trust_remote_code": False}
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("eval.backend is 'vllm' but vllm is not installed here; install the GPU extra "
+                           "(pip install -e '.[gpu]') or set eval.backend=hf")
+    v = eval_cfg.vllm
+    if v.data_parallel_size > 1 and importlib.util.find_spec("ray") is None:
+        raise RuntimeError(f"eval.vllm.data_parallel_size={v.data_parallel_size} needs ray, which is not installed")
+    return {"pretrained": str(model_dir), "dtype": "auto", "add_bos_token": False,
+            "tensor_parallel_size": v.tensor_parallel_size, "data_parallel_size": v.data_parallel_size,
+            "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len,
+            "seed": eval_cfg.seed, "max_gen_toks": eval_cfg.max_gen_toks}
+
+
+def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path, repeats: int, gen_kwargs: dict) -> Path:
+    """A task YAML that includes our variant and overrides only what this run sets (see module docstring)."""
+    import yaml
+
+    variant = TASKS_DIR / f"{bench_name}.yaml"
+    task = f"harness_{bench_name}__{mode}"
+    cfg = {
+        "include": str(variant if variant.is_file() else BASE_TASK),
+        "task": task,
+        "dataset_kwargs": {"data_files": {"test": str(docs_file.resolve())}},
+        "process_docs": None,  # the docs file already holds prompt, scorer and timeout
+        "repeats": repeats,
+        "generation_kwargs": gen_kwargs,
+    }
+    path = task_dir / f"{task}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def _versions(backend: str) -> dict[str, str]:
+    names = ["lm_eval", "transformers", "torch", "math-verify", "datasets"] + (["vllm"] if backend == "vllm" else [])
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig, data_file: Path,
+                       eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu") -> dict:
+    """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json."""
+    start = time.monotonic()
+    data_file, out_dir, model_dir = Path(data_file), Path(out_dir), Path(model_dir)
+    data_sha256 = verify_checksum(data_file)  # before any model work: a corrupt file fails in seconds
+    rows = read_jsonl(data_file)
+    if bench.limit > 0:
+        rows = rows[:bench.limit]
+    if len({r["id"] for r in rows}) != len(rows):
+        raise ValueError(f"{data_file}: duplicate ids; per-sample rows are keyed by id")
+    model_args_ = model_args(model_dir, eval_cfg, device)  # fails early when vllm is missing
+
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoConfig, AutoTokenizer
+
+    from harness.prompts import STOP_SEQUENCES, render_prompt
+    from harness.scoring import score_batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
+    docs = [{"id": r["id"], "problem": r["problem"], "answer": str(r["answer"]), "prompt": prompts[r["id"]],
+             "scorer": bench.scorer, "scoring_timeout_s": eval_cfg.scoring_timeout_s} for r in rows]
+    task_dir = out_dir / "lm_eval"
+    docs_file = write_jsonl_atomic(task_dir / "docs.jsonl", docs)
+    stops = STOP_SEQUENCES.get(prompt_template, ())
+    modes = {"sampled": eval_cfg.k, **({"greedy": 1} if eval_cfg.greedy else {})}
+    task_files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
+                                        generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
+
+    gen_start = time.monotonic()
+    res = lm_eval.simple_evaluate(
+        model=eval_cfg.backend, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
+        task_manager=TaskManager(include_defaults=False), num_fewshot=0,
+        batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
+        device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
+        bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
+        torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
+    generate_s = time.monotonic() - gen_start
+
+    # Per-sample rows, in problem order; scores come from the same scorer process_results used (cached).
+    samples = []
+    for mode, task_file in task_files.items():
+        task = task_file.stem
+        logged = sorted(res["samples"][task], key=lambda s: s["doc_id"])
+        if len(logged) != len(docs):
+            raise RuntimeError(f"lm-eval returned {len(logged)} docs for {task}, expected {len(docs)}")
+        for entry in logged:
+            doc = entry["doc"]
+            context = entry["arguments"][0][0] if entry["arguments"] else None
+            if context is not None and context != prompts[doc["id"]]:
+                raise RuntimeError(f"{task}: lm-eval changed the prompt of {doc['id']!r}: {context!r}")
+            completions = entry["filtered_resps"][0]
+            if isinstance(completions, str):
+                completions = [completions]
+            if len(completions) != modes[mode]:
+                raise RuntimeError(f"{task}: {len(completions)} completions for {doc['id']!r}, "
+                                   f"expected {modes[mode]} (is the keep-all filter in place?)")
+            samples += [{"id": doc["id"], "sample": i, "mode": mode, "gold": doc["answer"], "completion": c}
+                        for i, c in enumerate(completions)]
+
+    score_start = time.monotonic()
+    scores = score_batch([s["completion"] for s in samples], [s["gold"] for s in samples], bench.scorer,
+                         eval_cfg.scoring_timeout_s)
+    lengths = [len(ids) for ids in tokenizer([s["completion"] for s in samples], add_special_tokens=False)["input_ids"]]
+    for row, score, length in zip(samples, scores, lengths, strict=True):
+        row.update(extracted=score.extracted, correct=score.correct, format_ok=score.format_ok,
+                   gradable=score.gradable, timed_out=score.timed_out, response_tokens=length)
+    score_s = time.monotonic() - score_start
+
+    context_limit = (eval_cfg.vllm.max_model_len if eval_cfg.backend == "vllm"
+                     else getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None))
+    prompt_lengths = [len(ids) for ids in tokenizer(list(prompts.values()), add_special_tokens=False)["input_ids"]]
+    metrics = summarize(samples, eval_cfg.k, eval_cfg.max_gen_toks)
+    metrics["prompts_truncated"] = (sum(n > context_limit - eval_cfg.max_gen_toks for n in prompt_lengths)
+                                    if context_limit else None)  # lm-eval left-truncates these
+
+    write_jsonl_atomic(out_dir / "samples.jsonl", samples)
+    results = {
+        "bench": bench_name,
+        "model_dir": str(model_dir),
+        "scorer": bench.scorer,
+        "prompt_template": prompt_template,
+        "n_problems": len(docs),
+        "k": eval_cfg.k,
+        "temperature": eval_cfg.temperature,
+        "top_p": eval_cfg.top_p,
+        "max_gen_toks": eval_cfg.max_gen_toks,
+        "greedy": eval_cfg.greedy,
+        "backend": eval_cfg.backend,
+        "device": device if eval_cfg.backend == "hf" else "vllm",
+        "seed": eval_cfg.seed,
+        "scoring_timeout_s": eval_cfg.scoring_timeout_s,
+        "stop_sequences": list(stops),
+        "metrics": metrics,
+        "lm_eval_metrics": {task_files[m].stem: {key.split(",")[0]: value for key, value in
+                                                 res["results"][task_files[m].stem].items()
+                                                 if "," in key and "_stderr" not in key}
+                            for m in modes},
+        "data_file": str(data_file),
+        "data_sha256": data_sha256,
+        "samples_file": "samples.jsonl",
+        "versions": _versions(eval_cfg.backend),
+        "generate_s": round(generate_s, 3),
+        "score_s": round(score_s, 3),
+        "elapsed_s": round(time.monotonic() - start, 3),
+    }
+    write_json_atomic(out_dir / "results.json", results)
+    return results

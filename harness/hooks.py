@@ -1,0 +1,93 @@
+"""The one code path from a rollout batch to per-token weights, shared by the trainer and ``harness inspect``.
+
+``prepare_batch`` runs before any forward pass (advantages, ``on_rollouts``, dropping rollouts,
+``before_forward`` truncation); ``weigh_tokens`` runs on the token statistics of the prepared batch.
+``run_hooks`` chains both for a batch whose statistics are already known (inspect) and scatters the result back
+to the full (B, T) shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, group_advantages
+
+
+@dataclass
+class PreparedBatch:
+    """batch: the rows and columns that enter the forward pass; rows: their indices in the generation batch;
+    length: the number of completion positions kept."""
+
+    batch: RolloutBatch
+    rows: torch.Tensor
+    length: int
+
+
+def new_rollout_batch(completion_ids: torch.Tensor, completion_mask: torch.Tensor, rewards: torch.Tensor,
+                      group_ids: torch.Tensor, scale_rewards: str, special_token_ids: tuple[int, ...] = (),
+                      rollout_advantages: torch.Tensor | None = None) -> RolloutBatch:
+    """A batch with the baseline's advantages: the group-normalised rollout advantage on every real token.
+
+    ``rollout_advantages`` may be given when the groups extend beyond these rows (several processes)."""
+    if rollout_advantages is None:
+        rollout_advantages = group_advantages(rewards, group_ids, scale=scale_rewards)
+    mask = completion_mask.to(torch.float32)
+    return RolloutBatch(
+        completion_ids=completion_ids.long(),
+        completion_mask=mask,
+        rewards=rewards.to(torch.float32),
+        group_ids=group_ids.long(),
+        rollout_advantages=rollout_advantages,
+        advantages=rollout_advantages[:, None] * mask,
+        keep=torch.ones(len(rewards), dtype=torch.bool),
+        special_token_ids=tuple(special_token_ids),
+    )
+
+
+def prepare_batch(method: Method, batch: RolloutBatch, ctx: StepContext) -> PreparedBatch:
+    batch = method.on_rollouts(batch, ctx)
+    rows = torch.nonzero(batch.keep, as_tuple=False).flatten()
+    batch = batch.select_rows(rows)
+    batch = method.before_forward(batch, ctx)
+    real = batch.completion_mask.sum(dim=0) > 0
+    length = int(torch.nonzero(real).max()) + 1 if bool(real.any()) else 0
+    return PreparedBatch(batch.truncate(length), rows, length)
+
+
+def weigh_tokens(method: Method, stats: TokenStats, prepared: PreparedBatch, ctx: StepContext) -> TokenWeights:
+    result = method.token_weights(stats, prepared.batch, ctx)
+    expected = tuple(prepared.batch.completion_mask.shape)
+    if tuple(result.weights.shape) != expected:
+        raise ValueError(f"method {method.name!r} returned weights of shape {tuple(result.weights.shape)}, "
+                         f"expected {expected}")
+    return result
+
+
+@dataclass
+class HookOutput:
+    """The inspect format: advantages (B, T), weights (B, T), keep (B,), denominator, plus the method's metrics."""
+
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    keep: torch.Tensor
+    denominator: float
+    metrics: dict[str, float]
+
+
+def run_hooks(method: Method, batch: RolloutBatch, stats_for: Callable[[PreparedBatch], TokenStats],
+              ctx: StepContext) -> HookOutput:
+    """All hooks on one batch; ``stats_for`` gives the statistics of the prepared (reduced) batch."""
+    full_shape = batch.completion_mask.shape
+    prepared = prepare_batch(method, batch, ctx)
+    result = weigh_tokens(method, stats_for(prepared), prepared, ctx)
+    advantages = torch.zeros(full_shape)
+    weights = torch.zeros(full_shape)
+    rows, length = prepared.rows, prepared.length
+    advantages[rows, :length] = prepared.batch.advantages.detach().float()
+    weights[rows, :length] = result.weights.detach().float()
+    keep = torch.zeros(full_shape[0], dtype=torch.bool)
+    keep[rows] = True
+    return HookOutput(advantages, weights, keep, float(result.denominator), result.metrics)

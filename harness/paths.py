@@ -1,0 +1,41 @@
+"""Where each artefact of a sweep lives; the Snakefile and the CLI both build paths here."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+WARMSTART_LABEL = "warmstart"  # the reference row: the starting checkpoint, evaluated like every run
+
+
+def checkpoint_name(fraction: float) -> str:
+    """Budget fraction -> directory name: 0.25 -> 'ckpt-025', 1.0 -> 'ckpt-100'."""
+    return f"ckpt-{round(fraction * 100):03d}"
+
+
+def checkpoint_step(fraction: float, max_steps: int) -> int:
+    return max(1, math.ceil(fraction * max_steps - 1e-9))
+
+
+class SweepPaths:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def warmstart_dir(self) -> Path:
+        return self.root / "warmstart" / "model"
+
+    def run_dir(self, label: str, seed: int | str) -> Path:
+        return self.root / "runs" / label / f"seed{seed}"
+
+    def checkpoint_dir(self, label: str, seed: int | str, ckpt: str) -> Path:
+        if label == WARMSTART_LABEL:
+            return self.warmstart_dir
+        return self.run_dir(label, seed) / ckpt
+
+    def eval_dir(self, label: str, seed: int | str, ckpt: str, bench: str) -> Path:
+        return self.root / "eval" / label / f"seed{seed}" / ckpt / bench

@@ -1,0 +1,104 @@
+"""``harness new-method NAME``: a method module, its config and a test that runs, ready to fill in."""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+
+from harness.config import REPO_ROOT
+
+MODULE = '''"""{title}: <one line on what the method targets>.
+
+Formula: <the paper's equation, restated>.
+Source: <paper, arXiv id>; official code: <repo @ commit, or "none found">.
+Deviations: <each difference from the paper / official code, or "none">.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.registry import register_method
+
+
+@register_method("{name}")
+class {cls}(Method):
+    needs = frozenset({{"entropy"}})  # statistics beyond logp this method reads: entropy, sum_p2, ref_logp
+    deviations = ()
+
+    @dataclass
+    class Config:
+        rho: float = 0.2
+        """Fraction of completion tokens kept (the paper's default)."""
+
+        def __post_init__(self):
+            if not 0.0 < self.rho <= 1.0:
+                raise ValueError(f"rho must be in (0, 1], got {{self.rho}}")
+
+    def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
+        mask = batch.completion_mask  # (B, T)
+        # S = tokens whose entropy is at least the (1 - rho) quantile of the batch (replace with the paper's rule)
+        threshold = torch.quantile(stats.entropy[mask > 0], 1.0 - self.config.rho)
+        selected = mask * (stats.entropy >= threshold)
+        weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+        return TokenWeights(weights, denominator, {{"selected_frac": float(selected.sum() / mask.sum())}})
+'''
+
+CONFIG = """# {title}: overrides of methods/{name}.py Config (its defaults are the paper's).
+method: {name}
+"""
+
+TEST = '''"""Tests for methods/{name}.py: replace the example with hand-computed cases from the paper."""
+
+import torch
+
+from harness.hooks import new_rollout_batch, run_hooks
+from methods.base import StepContext, TokenStats
+from methods.registry import get_method_class
+
+
+def test_{name}_keeps_some_tokens_and_no_padding():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    batch = new_rollout_batch(torch.zeros(2, 4, dtype=torch.long), mask, torch.tensor([1.0, 0.0]),
+                              torch.tensor([0, 0]), scale_rewards="group")
+    entropy = torch.tensor([[0.1, 0.9, 0.5, 0.0], [0.2, 0.8, 0.3, 0.4]])
+    method = get_method_class("{name}")()
+
+    def stats_for(prepared):
+        logp = torch.zeros(prepared.batch.completion_mask.shape)
+        return TokenStats(logp=logp, old_logp=logp, entropy=entropy[prepared.rows][:, :prepared.length])
+
+    out = run_hooks(method, batch, stats_for, StepContext(max_completion_length=4))
+    assert out.weights[mask == 0].eq(0).all()
+    assert out.weights.gt(0).any()
+'''
+
+
+def scaffold_method(name: str) -> list[Path]:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        raise ValueError(f"method name {name!r} must be a lowercase Python identifier (letters, digits, _)")
+    cls = "".join(part.capitalize() for part in name.split("_"))
+    files = {
+        REPO_ROOT / "methods" / f"{name}.py": MODULE.format(name=name, cls=cls, title=cls),
+        REPO_ROOT / "configs" / "method" / f"{name}.yaml": CONFIG.format(name=name, title=cls),
+        REPO_ROOT / "tests" / "methods" / f"test_{name}.py": TEST.format(name=name),
+    }
+    taken = [str(p.relative_to(REPO_ROOT)) for p in files if p.exists()]
+    if taken:
+        raise ValueError(f"method {name!r} already exists: {', '.join(taken)}")
+    for path, text in files.items():
+        path.write_text(text, encoding="utf-8")
+    _register_import(name)
+    return list(files)
+
+
+def _register_import(name: str) -> None:
+    """Built-in methods register by import in methods/__init__.py; a method in another package uses the
+    ``harness.methods`` entry point group instead (README, "Add a method")."""
+    init = REPO_ROOT / "methods" / "__init__.py"
+    text = init.read_text(encoding="utf-8")
+    line = f"from methods import {name}  # noqa: F401\n"
+    if line not in text:
+        init.write_text(text + line, encoding="utf-8")

@@ -1,0 +1,336 @@
+"""Answer scoring for training rewards and evaluation: exact integer match, or math-verify with our own timeout.
+
+Two scorers, picked by name (``TrainConfig.reward``, ``BenchmarkConfig.scorer``):
+
+``numeric`` (the synthetic arithmetic task). The completion ends its worked steps with a line ``Answer: <integer>``.
+    extracted = the integer after the LAST ``Answer:``; format_ok = some line starts with ``Answer:``;
+    correct = same integer as the gold (compared as canonical digit strings, so a megabyte of digits is fine and
+    ``Answer: 041`` equals ``41``). A gold that is not an integer string is ungradable. Regexes are linear, so
+    this runs in-process with no timeout.
+
+``math_verify`` (competition maths). Rules, in order:
+    1. gold: the data README's answer (bare LaTeX) is wrapped as ``$answer$`` and parsed with math-verify's LaTeX
+       extractor; if that yields nothing, ``\\boxed{answer}`` is tried. A trailing ``%``/``\\%`` is dropped first
+       (math-verify reads ``62.5%`` and ``62.5\\%`` inconsistently; units are not part of answers either).
+       A gold that still parses to nothing is ungradable (``gradable=False``): counted, never scored as wrong.
+    2. prediction: math-verify ``parse`` with the boxed pattern at top priority (``boxed_match_priority=0``), so the
+       last ``\\boxed{}`` that parses wins; a completion with no parsable box falls back to math-verify's other
+       LaTeX environments (``$..$``, ``\\[..\\]``, "final answer is ..."), then plain expressions (last number).
+       Normalisation as TRL's accuracy reward (units stripped, no malformed-operator / nits rewriting).
+       format_ok = the completion holds a complete ``\\boxed{...}`` (balanced braces), found by a linear scan.
+       extracted = the text math-verify matched (its normalised LaTeX), or None.
+    3. correct = ``verify(gold, pred)`` in that order (math-verify is not symmetric), default precision.
+
+math-verify's own timeouts use SIGALRM, which fails off the main thread, so they are disabled
+(``parsing_timeout=None``, ``timeout_seconds=None``) and ours is enforced instead: scoring runs in ONE long-lived
+worker subprocess per calling process (``python -m harness.scoring``, stdin/stdout pipes, length-prefixed
+pickles); the parent waits for each item's answer up to ``timeout_s``. When the deadline passes the worker is
+killed, the item is scored incorrect with ``timed_out=True``, and a fresh worker (about 1 s to import sympy)
+takes the rest of the batch. This works from threads, from daemonic worker processes (a plain subprocess, not
+``multiprocessing``) and does not depend on ``__main__`` being importable. Calls from several threads share the
+worker under a lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import re
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCORERS = ("numeric", "math_verify")
+WORKER_START_TIMEOUT_S = 120.0  # importing sympy + antlr on a loaded 2-core box can take a while
+
+
+@dataclass(frozen=True)
+class Score:
+    correct: bool
+    extracted: str | None  # the answer text the scorer compared; None when nothing was found
+    format_ok: bool  # numeric: an ``Answer:`` line exists; math_verify: a complete \boxed{} exists
+    gradable: bool  # False when the gold itself cannot be read; never counted as wrong
+    timed_out: bool  # scoring hit the deadline; the item counts as incorrect
+
+
+# --- numeric ------------------------------------------------------------------------------------------------------
+
+_ANSWER_LINE = re.compile(r"^[ \t]*Answer:", re.MULTILINE)
+_ANSWER_NUMBER = re.compile(r"Answer:[ \t]*([+-]?[0-9]+)")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _canonical_int(text: str) -> str:
+    """'+041' -> '41', '-0' -> '0'; string-based because int() refuses more than 4300 digits."""
+    sign = "-" if text.startswith("-") else ""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return digits if digits == "0" else sign + digits
+
+
+def score_numeric(completion: str, gold: str) -> Score:
+    """Exact integer match of the last ``Answer: <integer>`` against an integer gold."""
+    gold = gold.strip()
+    gradable = _INTEGER.fullmatch(gold) is not None
+    format_ok = _ANSWER_LINE.search(completion) is not None
+    numbers = _ANSWER_NUMBER.findall(completion)
+    extracted = _canonical_int(numbers[-1]) if numbers else None
+    correct = gradable and extracted is not None and extracted == _canonical_int(gold)
+    return Score(correct=correct, extracted=extracted, format_ok=format_ok, gradable=gradable, timed_out=False)
+
+
+# --- math-verify (runs inside the worker) -------------------------------------------------------------------------
+
+_BOX_TOKENS = re.compile(r"\\boxed\s*\{|\{|\}")
+_TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (balanced braces), in one linear pass; None if there is none."""
+    stack: list[tuple[bool, int]] = []  # (opened by \boxed, content start)
+    best: tuple[int, int] | None = None
+    for match in _BOX_TOKENS.finditer(text):
+        token = match.group()
+        if token == "}":
+            if stack:
+                boxed, start = stack.pop()
+                if boxed:
+                    best = (start, match.start())
+        else:
+            stack.append((token != "{", match.end()))
+    return None if best is None else text[best[0]:best[1]]
+
+
+_MV = {}  # lazily built math-verify configs (imports are slow; the parent process never needs them)
+
+
+def _mv():
+    if not _MV:
+        import logging
+
+        from latex2sympy2_extended import NormalizationConfig
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # the "timeout is disabled" warning, per call
+        pred_latex = LatexExtractionConfig(
+            boxed_match_priority=0,
+            normalization_config=NormalizationConfig(basic_latex=True, units=True, malformed_operators=False,
+                                                     nits=False, boxed="all", equations=False))
+        _MV.update(parse=parse, verify=verify, gold_config=[LatexExtractionConfig()],
+                   pred_config=[pred_latex, ExprExtractionConfig()])
+    return _MV
+
+
+def parse_gold(gold: str) -> list:
+    """Gold answer -> math-verify's parsed list ([] = ungradable). See rule 1 in the module docstring."""
+    mv = _mv()
+    gold = _TRAILING_PERCENT.sub("", gold.strip())
+    if not gold:
+        return []
+    for wrapped in ("$" + gold + "$", "\\boxed{" + gold + "}"):
+        parsed = mv["parse"](wrapped, extraction_config=mv["gold_config"], fallback_mode="no_fallback",
+                             parsing_timeout=None)
+        if parsed:
+            return parsed
+    return []
+
+
+def math_verify_inline(completion: str, gold: str, gold_cache: dict | None = None) -> tuple[bool, str | None, bool]:
+    """(correct, extracted, gradable) with NO timeout: call only inside the worker (or on trusted input)."""
+    mv = _mv()
+    if gold_cache is not None and gold in gold_cache:
+        gold_parsed = gold_cache[gold]
+    else:
+        gold_parsed = parse_gold(gold)
+        if gold_cache is not None:
+            gold_cache[gold] = gold_parsed
+    pred = mv["parse"](completion, extraction_config=mv["pred_config"], fallback_mode="first_match",
+                       parsing_timeout=None) if completion.strip() else []
+    extracted = None
+    if pred:
+        extracted = pred[-1] if isinstance(pred[-1], str) else str(pred[0])
+    if not gold_parsed:
+        return False, extracted, False
+    correct = bool(pred) and bool(mv["verify"](gold_parsed, pred, timeout_seconds=None))
+    return correct, extracted, True
+
+
+# --- the worker subprocess ----------------------------------------------------------------------------------------
+
+_HEADER = struct.Struct("<Q")
+
+
+def _write_frame(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _worker_main() -> None:
+    """Loop: read (completion, gold), answer (correct, extracted, gradable) or ("error", message)."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from sympy & co. must not corrupt the protocol stream
+    inp = sys.stdin.buffer
+    gold_cache: dict = {}
+    math_verify_inline("\\boxed{\\frac{1}{2}}", "\\frac12", gold_cache)  # warm up antlr and regex caches
+    gold_cache.clear()
+    _write_frame(out, ("ready", os.getpid()))
+    while True:
+        header = inp.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return  # parent closed the pipe
+        (size,) = _HEADER.unpack(header)
+        completion, gold = pickle.loads(inp.read(size))
+        try:
+            result = ("ok", *math_verify_inline(completion, gold, gold_cache))
+        except Exception as exc:  # a math-verify bug on one item must not kill the batch
+            result = ("error", f"{type(exc).__name__}: {exc}"[:500])
+        _write_frame(out, result)
+
+
+class _WorkerTimeout(Exception):
+    pass
+
+
+class _Worker:
+    """The parent's handle on one scoring subprocess."""
+
+    def __init__(self) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.scoring", "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, env=env, cwd=str(REPO_ROOT))
+        self.fd = self.proc.stdout.fileno()
+        self.ready = False  # the "ready" frame is awaited lazily, so a replacement imports while we carry on
+
+    def wait_ready(self) -> None:
+        if self.ready:
+            return
+        try:
+            self._read(time.monotonic() + WORKER_START_TIMEOUT_S)
+        except (_WorkerTimeout, EOFError) as exc:
+            self.kill()
+            self.stderr.seek(0)
+            tail = self.stderr.read()[-2000:].decode(errors="replace")
+            raise RuntimeError(f"math-verify scoring worker failed to start ({type(exc).__name__}); "
+                               f"stderr:\n{tail}") from None
+        self.ready = True
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                raise _WorkerTimeout
+            chunk = os.read(self.fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise EOFError("scoring worker exited")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _read(self, deadline: float):
+        (size,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline))
+        return pickle.loads(self._read_exact(size, deadline))
+
+    def score(self, completion: str, gold: str, timeout_s: float):
+        self.wait_ready()
+        deadline = time.monotonic() + timeout_s
+        _write_frame(self.proc.stdin, (completion, gold))
+        return self._read(deadline)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.stderr.close()
+
+
+_LOCK = threading.Lock()
+_WORKERS: dict[int, _Worker] = {}  # pid -> worker; a forked child must not talk to its parent's worker
+
+
+def _get_worker() -> _Worker:
+    worker = _WORKERS.get(os.getpid())
+    if worker is None or worker.proc.poll() is not None:
+        if worker is not None:
+            worker.kill()
+        worker = _WORKERS[os.getpid()] = _Worker()
+    return worker
+
+
+def _drop_worker(restart: bool = False) -> None:
+    worker = _WORKERS.pop(os.getpid(), None)
+    if worker is not None:
+        worker.kill()
+    if restart:  # start the replacement now: it imports sympy while the caller moves on
+        _WORKERS[os.getpid()] = _Worker()
+
+
+@atexit.register
+def shutdown_worker() -> None:
+    """Stop this process's scoring worker (it also exits by itself when our end of its stdin closes)."""
+    with _LOCK:
+        _drop_worker()
+
+
+def _score_math_verify_batch(completions: list[str], golds: list[str], timeout_s: float) -> list[Score]:
+    scores = []
+    with _LOCK:
+        for completion, gold in zip(completions, golds, strict=True):
+            format_ok = last_boxed(completion) is not None
+            try:
+                reply = _get_worker().score(completion, gold, timeout_s)
+            except _WorkerTimeout:
+                _drop_worker(restart=True)  # killed mid-item; a fresh worker takes the next item
+                scores.append(Score(False, None, format_ok, gradable=True, timed_out=True))
+                continue
+            except (EOFError, BrokenPipeError):  # the worker died on this item (e.g. out of memory)
+                _drop_worker(restart=True)
+                scores.append(Score(False, None, format_ok, gradable=True, timed_out=False))
+                continue
+            if reply[0] == "error":
+                scores.append(Score(False, None, format_ok, gradable=True, timed_out=False))
+                continue
+            _, correct, extracted, gradable = reply
+            scores.append(Score(correct, extracted, format_ok, gradable, timed_out=False))
+    return scores
+
+
+# --- public entry points ------------------------------------------------------------------------------------------
+
+
+def score_math_verify(completion: str, gold: str, timeout_s: float) -> Score:
+    """math-verify equivalence of the (boxed-first) extracted answer with the gold, within ``timeout_s``."""
+    return _score_math_verify_batch([completion], [gold], timeout_s)[0]
+
+
+def score_batch(completions: list[str], golds: list[str], scorer: str, timeout_s: float) -> list[Score]:
+    """Score ``completions[i]`` against ``golds[i]``; ``timeout_s`` bounds each math-verify item."""
+    if len(completions) != len(golds):
+        raise ValueError(f"score_batch: {len(completions)} completions but {len(golds)} golds")
+    if scorer == "numeric":
+        return [score_numeric(c, g) for c, g in zip(completions, golds)]
+    if scorer == "math_verify":
+        if timeout_s <= 0:
+            raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
+        return _score_math_verify_batch(list(completions), list(golds), timeout_s)
+    raise ValueError(f"unknown scorer {scorer!r}; known scorers: {list(SCORERS)}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker_main()

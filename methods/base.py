@@ -1,0 +1,202 @@
+"""The Method interface every token-targeting method implements.
+
+A method is a small class whose defaults reproduce the uniform GRPO/DAPO baseline; it overrides only the hooks
+it changes. The harness calls the hooks in this order for every optimizer step (and `harness inspect` calls
+exactly the same driver, `harness.hooks.run_hooks`, on a batch file):
+
+1. ``on_rollouts(batch, ctx)``     after rewards: may replace per-token advantages (KTAE) and set ``keep`` (D3S).
+2. rollouts with ``keep == 0`` are removed before any forward pass (a real saving, not a mask).
+3. ``before_forward(batch, ctx)``  may shorten sequences (NAT prefix cutting); columns past the longest kept
+   prefix are dropped before the forward pass.
+4. token statistics are computed, only those named in ``needs`` beyond ``logp``.
+5. ``token_weights(stats, batch, ctx)`` returns per-token weights and the loss denominator:
+   ``loss = sum(weights * surrogate) / denominator``.
+
+Shapes: B rollouts, T completion positions. Names follow the public ``inspect`` format.
+Methods are pure tensor maps: no TRL, no I/O, no globals; randomness comes from ``ctx.generator()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+STATISTICS = frozenset({"entropy", "sum_p2", "ref_logp"})
+
+
+@dataclass
+class RolloutBatch:
+    """One generation batch after rewards.
+
+    completion_ids:      (B, T) long, padded completions
+    completion_mask:     (B, T) float 0/1, 1 on real completion tokens
+    rewards:             (B,) float
+    group_ids:           (B,) long, rollouts of one prompt share an id
+    rollout_advantages:  (B,) float, group-normalised outcome advantage of each rollout
+    advantages:          (B, T) float, per-token advantage entering the clipped surrogate
+    keep:                (B,) bool, rollouts that enter the forward/backward pass
+    special_token_ids:   ids a method treats as special (EOS, PAD)
+    extras:              per-method tensors carried from one hook to the next (e.g. NAT's inclusion probabilities)
+    """
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    rollout_advantages: torch.Tensor
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    special_token_ids: tuple[int, ...] = ()
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> RolloutBatch:
+        return dataclasses.replace(self, **changes)
+
+    def select_rows(self, rows: torch.Tensor) -> RolloutBatch:
+        """The sub-batch of the given row indices (used to drop rollouts before the forward pass)."""
+        return self.replace(
+            completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows],
+            rewards=self.rewards[rows],
+            group_ids=self.group_ids[rows],
+            rollout_advantages=self.rollout_advantages[rows],
+            advantages=self.advantages[rows],
+            keep=self.keep[rows],
+            extras={k: v[rows] for k, v in self.extras.items()},
+        )
+
+    def truncate(self, length: int) -> RolloutBatch:
+        """The batch cut to its first ``length`` completion positions (per-token extras are cut too)."""
+        cut = {k: (v[:, :length] if v.dim() == 2 else v) for k, v in self.extras.items()}
+        return self.replace(
+            completion_ids=self.completion_ids[:, :length],
+            completion_mask=self.completion_mask[:, :length],
+            advantages=self.advantages[:, :length],
+            extras=cut,
+        )
+
+
+@dataclass
+class TokenStats:
+    """Per-token statistics of the sampled completion tokens, each (B, T).
+
+    logp:      log pi_theta(y_t), with grad during training
+    old_logp:  log pi_old(y_t) (rollout policy); equals logp.detach() on the first pass over a batch
+    entropy:   H_t = -sum_v p log p of pi_theta, no grad; None unless the method needs it
+    sum_p2:    sum_v p_v^2 of pi_theta, no grad; None unless the method needs it
+    ref_logp:  log pi_ref(y_t); None unless a KL term or the method needs it
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_p2: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a method may know about the step besides the batch.
+
+    progress: budget spent in [0, 1] (drives schedules); step: optimizer step; seed: run seed.
+    aggregation: the baseline's loss aggregation (one of AGGREGATIONS); max_completion_length for Dr.GRPO.
+    """
+
+    progress: float = 0.0
+    step: int = 0
+    seed: int = 0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    beta: float = 0.0
+    aggregation: str = "token-mean"
+    max_completion_length: int = 1
+
+    def generator(self) -> torch.Generator:
+        """A CPU generator fixed by (seed, step): a method's random draws repeat exactly on a rerun."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+
+
+@dataclass
+class TokenWeights:
+    """weights (B, T): per-token multiplicative weight; denominator: scalar; metrics: logged as ``method/<key>``."""
+
+    weights: torch.Tensor
+    denominator: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group",
+                     eps: float = 1e-6) -> torch.Tensor:
+    """GRPO outcome advantage per rollout, (B,) -> (B,).
+
+    scale="group": (R - mean_G R) / (std_G R + eps), std unbiased (n-1), as verl's compute_grpo_outcome_advantage;
+    a group of one rollout gets mean 0 and std 1. scale="none": R - mean_G R (Dr.GRPO, arXiv 2503.20783).
+    """
+    if scale not in ("group", "none"):
+        raise ValueError(f"scale_rewards must be one of ['group', 'none'], got {scale!r}")
+    rewards = rewards.to(torch.float64)
+    advantages = torch.zeros_like(rewards)
+    for gid in torch.unique(group_ids):
+        rows = group_ids == gid
+        group = rewards[rows]
+        if group.numel() == 1:
+            mean, std = torch.zeros(()), torch.ones(())
+        else:
+            mean, std = group.mean(), group.std(unbiased=True)
+        centred = group - mean
+        advantages[rows] = centred / (std + eps) if scale == "group" else centred
+    return advantages.to(torch.float32)
+
+
+def aggregation_weights(mask: torch.Tensor, mode: str, max_completion_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Express a loss aggregation over ``mask`` (B, T) as (weights (B, T), denominator scalar).
+
+    token-mean (DAPO):                 sum_{i,t} m l / sum m
+    seq-mean-token-mean (GRPO):        (1/B') sum_i (1/|o_i|) sum_t m l, B' = rollouts with a token in mask
+    seq-mean-token-sum-norm (Dr.GRPO): sum_{i,t} m l / (B * max_completion_length)
+    The denominator is clamped to at least 1 so an empty selection gives a zero loss, not NaN.
+    """
+    mask = mask.to(torch.float32)
+    if mode == "token-mean":
+        return mask, mask.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-mean":
+        lengths = mask.sum(dim=1, keepdim=True)
+        weights = mask / lengths.clamp(min=1.0)
+        return weights, (lengths > 0).sum().to(torch.float32).clamp(min=1.0)
+    if mode == "seq-mean-token-sum-norm":
+        return mask, torch.tensor(float(mask.shape[0] * max_completion_length))
+    raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
+
+
+class Method:
+    """The uniform baseline: every completion token, weight 1, the baseline's aggregation.
+
+    Subclasses set ``name``, ``needs`` and a ``Config`` dataclass whose defaults are the paper's, and override hooks.
+    """
+
+    name: ClassVar[str] = "uniform"
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, config: Any = None):
+        self.config = config if config is not None else self.Config()
+
+    def on_rollouts(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
+        return batch
+
+    def before_forward(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
+        return batch
+
+    def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
+        weights, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
+        return TokenWeights(weights, denominator)
+
+    # Deviations from the paper, listed by each method; shown in reports beside its results.
+    deviations: ClassVar[tuple[str, ...]] = ()

