@@ -7,12 +7,13 @@ The whole configuration is validated here, before any job starts. Each rule is o
 
 import hashlib
 import json
+from pathlib import Path
 
 from harness.config import resolve, load_method
 from harness.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
 
 
-configfile: "configs/sweeps/default.yaml"
+configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
 
 
 RESOLVED = resolve(dict(config))

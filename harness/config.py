@@ -3,7 +3,9 @@
 A sweep file (``configs/sweeps/<name>.yaml``) names a preset, the method labels and the seeds, and may override
 any preset section (``train``, ``eval``, ``model``, ``data``, ``warmstart``). A preset
 (``configs/preset/<name>.yaml``) fills the ``PresetConfig`` schema. A method label is a file
-``configs/method/<label>.yaml`` holding ``method: <registered name>`` plus fields of that method's ``Config``.
+``configs/method/<label>.yaml`` holding ``method: <registered name>``, optionally ``seed_offset`` (added to the
+sweep's seeds, so a second label of the same method draws other randomness: the A/A check), plus fields of that
+method's ``Config``.
 Overrides come as dotted ``key=value`` strings (CLI ``--set``, Snakemake ``--config set="k=v k=v"``) or as nested
 mappings (Snakemake ``--config 'train={learning_rate: 1e-4}'``).
 
@@ -220,6 +222,7 @@ class MethodSpec:
     label: str
     name: str
     params: Any
+    seed_offset: int = 0  # added to every sweep seed of this label (A/A calibration: uniform under a 2nd label)
 
 
 @dataclass
@@ -369,6 +372,9 @@ def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
                           f"known labels: {method_labels()}")
     raw = _load_yaml(path)
     name = raw.pop("method", None)
+    seed_offset = raw.pop("seed_offset", 0)
+    if not isinstance(seed_offset, int) or seed_offset < 0:
+        raise ConfigError(f"{path}: key 'seed_offset' must be a non-negative integer, got {seed_offset!r}")
     if name is None:
         raise ConfigError(f"{path}: key 'method' (the registered method name) is missing")
     try:
@@ -382,7 +388,7 @@ def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
         params = _merge(cls.Config, sources)
     except ValueError as exc:  # a Config.__post_init__ range check
         raise ConfigError(f"{path}: {exc}") from None
-    return MethodSpec(label, str(name), params)
+    return MethodSpec(label, str(name), params, seed_offset)
 
 
 def dump_yaml(obj: Any) -> str:

@@ -18,9 +18,10 @@ next to its results. (A dict config would also work, but a dict is a full config
 ``!function`` hooks in a dict would need lm-eval's private YAML loader.)
 
 Traps handled here: ``repeats: k`` alone scores only the first sample (lm-eval #3297), so the tasks use an
-identity filter; ``max_gen_toks`` defaults to 256 in lm-eval, so it is always set, in the task and the model
-args; transformers samples with ``top_k=50`` unless told otherwise, so the hf backend passes ``top_k=0``
-(vLLM's default is already all tokens).
+identity filter; ``max_gen_toks`` defaults to 256 in lm-eval, so it is always set (in the task, and in the vLLM
+model args; HFLM has no such argument); transformers samples with ``top_k=50`` unless told otherwise and applies a
+checkpoint's generation_config.json (Qwen2.5 ships top_k=20, repetition_penalty=1.05), so the hf backend passes
+``top_k=0`` and ``repetition_penalty=1.0`` explicitly (vLLM's SamplingParams defaults are already those).
 
 Outputs (written atomically; ``results.json`` last, so its presence means the run finished):
 ``samples.jsonl`` one row per (problem, sample) and ``results.json`` (protocol, metrics, data checksum,
@@ -32,6 +33,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import math
+import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,6 +44,7 @@ from harness.datafiles import read_jsonl, verify_checksum, write_json_atomic, wr
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BASE_TASK = TASKS_DIR / "_default_template_yaml"
+HF_CACHE = "hf_datasets_cache"
 
 
 # --- metrics (pure) -----------------------------------------------------------------------------------------------
@@ -133,18 +136,21 @@ def summarize(samples: Sequence[dict], k: int, max_gen_toks: int) -> dict[str, f
 def generation_kwargs(eval_cfg: EvalConfig, stops: Sequence[str], mode: str) -> dict:
     """lm-eval generation_kwargs for one mode; max_gen_toks always explicit (lm-eval's default is 256)."""
     kwargs: dict = {"until": list(stops), "max_gen_toks": eval_cfg.max_gen_toks}
+    hf = eval_cfg.backend == "hf"
+    if hf:
+        kwargs["repetition_penalty"] = 1.0  # override a checkpoint's generation_config
     if mode == "greedy" or eval_cfg.temperature == 0.0:
         return {**kwargs, "do_sample": False}
     kwargs.update(do_sample=True, temperature=eval_cfg.temperature, top_p=eval_cfg.top_p)
-    if eval_cfg.backend == "hf":
-        kwargs["top_k"] = 0  # transformers would otherwise apply its default top_k=50
+    if hf:
+        kwargs["top_k"] = 0  # transformers would otherwise apply top_k=50 (or the checkpoint's value)
     return kwargs
 
 
 def model_args(model_dir: Path, eval_cfg: EvalConfig, device: str) -> dict:
     if eval_cfg.backend == "hf":
         return {"pretrained": str(model_dir), "dtype": "float32" if device == "cpu" else "auto",
-                "add_bos_token": False, "max_gen_toks": eval_cfg.max_gen_toks, "trust_remote_code": False}
+                "add_bos_token": False, "trust_remote_code": False}  # HFLM takes max_gen_toks from the task only
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("eval.backend is 'vllm' but vllm is not installed here; install the GPU extra "
                            "(pip install -e '.[gpu]') or set eval.backend=hf")
@@ -157,7 +163,8 @@ def model_args(model_dir: Path, eval_cfg: EvalConfig, device: str) -> dict:
             "seed": eval_cfg.seed, "max_gen_toks": eval_cfg.max_gen_toks}
 
 
-def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path, repeats: int, gen_kwargs: dict) -> Path:
+def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path, repeats: int,
+                    gen_kwargs: dict) -> Path:
     """A task YAML that includes our variant and overrides only what this run sets (see module docstring)."""
     import yaml
 
@@ -166,7 +173,9 @@ def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path,
     cfg = {
         "include": str(variant if variant.is_file() else BASE_TASK),
         "task": task,
-        "dataset_kwargs": {"data_files": {"test": str(docs_file.resolve())}},
+        # datasets' arrow cache goes next to the docs (removed after the run), not into the shared ~/.cache
+        "dataset_kwargs": {"data_files": {"test": str(docs_file.resolve())},
+                           "cache_dir": str((task_dir / HF_CACHE).resolve())},
         "process_docs": None,  # the docs file already holds prompt, scorer and timeout
         "repeats": repeats,
         "generation_kwargs": gen_kwargs,
@@ -174,6 +183,15 @@ def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path,
     path = task_dir / f"{task}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return path
+
+
+def _lm_eval_metrics(task_results: dict) -> dict:
+    """lm-eval's aggregates for one task ("avg_at_k,all" -> "avg_at_k"); NaN (no gradable problem) -> None."""
+    out = {}
+    for key, value in task_results.items():
+        if "," in key and "_stderr" not in key:
+            out[key.split(",")[0]] = None if isinstance(value, float) and math.isnan(value) else value
+    return out
 
 
 def _versions(backend: str) -> dict[str, str]:
@@ -227,6 +245,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
         torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
     generate_s = time.monotonic() - gen_start
+    shutil.rmtree(task_dir / HF_CACHE, ignore_errors=True)
 
     # Per-sample rows, in problem order; scores come from the same scorer process_results used (cached).
     samples = []
@@ -283,10 +302,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "scoring_timeout_s": eval_cfg.scoring_timeout_s,
         "stop_sequences": list(stops),
         "metrics": metrics,
-        "lm_eval_metrics": {task_files[m].stem: {key.split(",")[0]: value for key, value in
-                                                 res["results"][task_files[m].stem].items()
-                                                 if "," in key and "_stderr" not in key}
-                            for m in modes},
+        "lm_eval_metrics": {task_files[m].stem: _lm_eval_metrics(res["results"][task_files[m].stem]) for m in modes},
         "data_file": str(data_file),
         "data_sha256": data_sha256,
         "samples_file": "samples.jsonl",

@@ -13,12 +13,14 @@ Two scorers, picked by name (``TrainConfig.reward``, ``BenchmarkConfig.scorer``)
        extractor; if that yields nothing, ``\\boxed{answer}`` is tried. A trailing ``%``/``\\%`` is dropped first
        (math-verify reads ``62.5%`` and ``62.5\\%`` inconsistently; units are not part of answers either).
        A gold that still parses to nothing is ungradable (``gradable=False``): counted, never scored as wrong.
-    2. prediction: math-verify ``parse`` with the boxed pattern at top priority (``boxed_match_priority=0``), so the
-       last ``\\boxed{}`` that parses wins; a completion with no parsable box falls back to math-verify's other
-       LaTeX environments (``$..$``, ``\\[..\\]``, "final answer is ..."), then plain expressions (last number).
+    2. prediction: the content of the LAST complete ``\\boxed{...}`` (our brace-matching scan; an earlier box
+       the model corrected does not count) is parsed by math-verify. If there is no box, or it does not parse,
+       math-verify reads the whole completion with its own priorities: boxed first (``boxed_match_priority=0``),
+       then other LaTeX environments (``$..$``, ``\\[..\\]``, "final answer is ..."), then plain expressions.
        Normalisation as TRL's accuracy reward (units stripped, no malformed-operator / nits rewriting).
        format_ok = the completion holds a complete ``\\boxed{...}`` (balanced braces), found by a linear scan.
-       extracted = the text math-verify matched (its normalised LaTeX), or None.
+       extracted = the last box's normalised LaTeX; for the fallback, the parsed value as sympy prints it
+       (math-verify does not report which span it read); None when nothing was read. maj@k groups these strings.
     3. correct = ``verify(gold, pred)`` in that order (math-verify is not symmetric), default precision.
 
 math-verify's own timeouts use SIGALRM, which fails off the main thread, so they are disabled
@@ -28,12 +30,14 @@ pickles); the parent waits for each item's answer up to ``timeout_s``. When the 
 killed, the item is scored incorrect with ``timed_out=True``, and a fresh worker (about 1 s to import sympy)
 takes the rest of the batch. This works from threads, from daemonic worker processes (a plain subprocess, not
 ``multiprocessing``) and does not depend on ``__main__`` being importable. Calls from several threads share the
-worker under a lock.
+worker under a lock. Recent math-verify results are memoised by (gold, timeout, digest of the completion), so
+scoring the same completions again (lm-eval's process_results, then the per-sample file) costs nothing.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import pickle
 import re
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,11 +156,17 @@ def math_verify_inline(completion: str, gold: str, gold_cache: dict | None = Non
         gold_parsed = parse_gold(gold)
         if gold_cache is not None:
             gold_cache[gold] = gold_parsed
-    pred = mv["parse"](completion, extraction_config=mv["pred_config"], fallback_mode="first_match",
-                       parsing_timeout=None) if completion.strip() else []
-    extracted = None
-    if pred:
-        extracted = pred[-1] if isinstance(pred[-1], str) else str(pred[0])
+    pred, extracted = [], None
+    boxed = last_boxed(completion)
+    if boxed is not None and boxed.strip():
+        pred = mv["parse"]("\\boxed{" + boxed + "}", extraction_config=mv["pred_config"],
+                           fallback_mode="first_match", parsing_timeout=None)
+        extracted = pred[-1] if pred and isinstance(pred[-1], str) else None  # the box's normalised LaTeX
+    if not any(not isinstance(p, str) for p in pred) and completion.strip():  # no box, or it did not parse
+        pred = mv["parse"](completion, extraction_config=mv["pred_config"], fallback_mode="no_fallback",
+                           parsing_timeout=None)
+        # parse() does not say which span it read, so the fallback reports the parsed value (sympy's str)
+        extracted = str(pred[0]) if pred else extracted
     if not gold_parsed:
         return False, extracted, False
     correct = bool(pred) and bool(mv["verify"](gold_parsed, pred, timeout_seconds=None))
@@ -288,27 +299,51 @@ def shutdown_worker() -> None:
         _drop_worker()
 
 
+# Recent math-verify results, so a caller that scores the same completions twice (lm-eval's process_results, then
+# harness.evaluate's per-sample file) pays once. Keyed by a digest of the completion, not the text, to bound memory.
+_CACHE: OrderedDict[tuple, Score] = OrderedDict()
+CACHE_SIZE = 65536
+
+
+def _cache_key(completion: str, gold: str, timeout_s: float) -> tuple:
+    return gold, timeout_s, hashlib.blake2b(completion.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 def _score_math_verify_batch(completions: list[str], golds: list[str], timeout_s: float) -> list[Score]:
-    scores = []
     with _LOCK:
+        scores = []
         for completion, gold in zip(completions, golds, strict=True):
-            format_ok = last_boxed(completion) is not None
-            try:
-                reply = _get_worker().score(completion, gold, timeout_s)
-            except _WorkerTimeout:
-                _drop_worker(restart=True)  # killed mid-item; a fresh worker takes the next item
-                scores.append(Score(False, None, format_ok, gradable=True, timed_out=True))
+            key = _cache_key(completion, gold, timeout_s)
+            if key in _CACHE:
+                _CACHE.move_to_end(key)
+                scores.append(_CACHE[key])
                 continue
-            except (EOFError, BrokenPipeError):  # the worker died on this item (e.g. out of memory)
-                _drop_worker(restart=True)
-                scores.append(Score(False, None, format_ok, gradable=True, timed_out=False))
-                continue
-            if reply[0] == "error":
-                scores.append(Score(False, None, format_ok, gradable=True, timed_out=False))
-                continue
-            _, correct, extracted, gradable = reply
-            scores.append(Score(correct, extracted, format_ok, gradable, timed_out=False))
-    return scores
+            score, cacheable = _score_one_locked(completion, gold, timeout_s)
+            scores.append(score)
+            if cacheable:
+                _CACHE[key] = score
+                if len(_CACHE) > CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+        return scores
+
+
+def _score_one_locked(completion: str, gold: str, timeout_s: float) -> tuple[Score, bool]:
+    """(score, cacheable). A timeout is final; a worker that dies (e.g. killed, out of memory) gets one retry."""
+    format_ok = last_boxed(completion) is not None
+    for attempt in range(2):
+        try:
+            reply = _get_worker().score(completion, gold, timeout_s)
+        except _WorkerTimeout:
+            _drop_worker(restart=True)  # killed mid-item; a fresh worker takes the next item
+            return Score(False, None, format_ok, gradable=True, timed_out=True), True
+        except (EOFError, BrokenPipeError):
+            _drop_worker(restart=attempt == 0)
+            continue
+        if reply[0] == "error":  # math-verify raised on this item: wrong, like an unparsable answer
+            return Score(False, None, format_ok, gradable=True, timed_out=False), True
+        _, correct, extracted, gradable = reply
+        return Score(correct, extracted, format_ok, gradable, timed_out=False), True
+    return Score(False, None, format_ok, gradable=True, timed_out=False), False
 
 
 # --- public entry points ------------------------------------------------------------------------------------------
@@ -324,7 +359,7 @@ def score_batch(completions: list[str], golds: list[str], scorer: str, timeout_s
     if len(completions) != len(golds):
         raise ValueError(f"score_batch: {len(completions)} completions but {len(golds)} golds")
     if scorer == "numeric":
-        return [score_numeric(c, g) for c, g in zip(completions, golds)]
+        return [score_numeric(c, g) for c, g in zip(completions, golds, strict=True)]
     if scorer == "math_verify":
         if timeout_s <= 0:
             raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")

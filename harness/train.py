@@ -100,7 +100,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
 
     preset = resolved.preset
     torch.set_num_threads(preset.train.threads)
-    set_seed(seed)
+    run_seed = seed + spec.seed_offset  # the sweep seed names the run; the offset separates A/A labels
+    set_seed(run_seed)
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
@@ -112,7 +113,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
 
             shutil.rmtree(directory)
     model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
-    rows = training_rows(resolved, paths, seed)
+    rows = training_rows(resolved, paths, run_seed)
     dataset = Dataset.from_list([{"prompt": render_prompt(preset.prompt_template, r["problem"], tokenizer),
                                   "answer": r["answer"]} for r in rows])
     method = get_method_class(spec.name)(spec.params)
@@ -121,7 +122,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     trainer = TargetedGRPOTrainer(
         model=model, processing_class=tokenizer, train_dataset=dataset,
         reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
-        args=grpo_config(preset, run_dir, seed, max_steps), method=method, preset=preset, run_seed=seed)
+        args=grpo_config(preset, run_dir, run_seed, max_steps), method=method, preset=preset, run_seed=run_seed,
+        sample_batch_path=run_dir / "sample_batch.json")
     trainer.add_callback(MetricsWriter(metrics_partial, checkpoints, tokenizer, trainer.counters))
     started = time.perf_counter()
     trainer.train()
@@ -131,7 +133,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         "sweep": resolved.sweep.name, "method": {"label": spec.label, "name": spec.name,
                                                   "params": json.loads(json.dumps(spec.params.__dict__, default=str)),
                                                   "deviations": list(method.deviations)},
-        "seed": seed, "config": resolved.to_dict(), "config_yaml": dump_yaml(resolved.to_dict()),
+        "seed": seed, "run_seed": run_seed, "config": resolved.to_dict(), "config_yaml": dump_yaml(resolved.to_dict()),
         "budget": {"kind": budget.kind, "amount": budget.amount, "spent_steps": trainer.state.global_step,
                    "checkpoints": {checkpoint_name(f): checkpoint_step(f, max_steps)
                                    for f in budget.checkpoint_fractions}},

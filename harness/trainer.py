@@ -100,8 +100,10 @@ class StepCounters:
 class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
-    def __init__(self, *args, method: Method, preset: PresetConfig, run_seed: int, **kwargs):
+    def __init__(self, *args, method: Method, preset: PresetConfig, run_seed: int,
+                 sample_batch_path: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.sample_batch_path = sample_batch_path
         self.method = method
         self.preset = preset
         self.run_seed = run_seed
@@ -142,12 +144,38 @@ class TargetedGRPOTrainer(GRPOTrainer):
         batch = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards_all[local],
                                   group_all[local], self.preset.train.scale_rewards, self.special_token_ids,
                                   rollout_advantages=advantages_all[local])
+        if self.sample_batch_path is not None and self.state.global_step == 0:
+            self._write_sample_batch(out, batch)
         prepared = prepare_batch(self.method, batch, self.step_context())
         if len(prepared.rows) == 0 or prepared.length == 0:
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
                                f"{self.state.global_step}; a method must keep at least one token")
         self._count_rollouts(out, prepared)
         return self._reduced_batch(out, prepared, device)
+
+    @torch.no_grad()
+    def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
+        """The first generation batch in the ``harness inspect`` format, with token strings: the report colours
+        what each method selects on these same rollouts. A diagnostic forward outside the budget."""
+        from harness.datafiles import write_json_atomic
+
+        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        train = self.preset.train
+        stats = model_token_statistics(self.model, input_ids, attention_mask, out["completion_ids"].shape[1],
+                                       ("entropy", "sum_p2"), train.temperature, train.stats_chunk_size)
+        tokenizer = self.processing_class
+        write_json_atomic(self.sample_batch_path, {
+            "completion_ids": batch.completion_ids.tolist(), "completion_mask": batch.completion_mask.int().tolist(),
+            "rewards": batch.rewards.tolist(), "group_ids": batch.group_ids.tolist(),
+            "logp": stats["logp"].cpu().tolist(), "entropy": stats["entropy"].cpu().tolist(),
+            "sum_p2": stats["sum_p2"].cpu().tolist(), "progress": 0.0, "seed": self.run_seed,
+            "special_token_ids": list(self.special_token_ids), "aggregation": train.aggregation,
+            "scale_rewards": train.scale_rewards, "clip_eps_low": train.clip_eps_low,
+            "clip_eps_high": train.clip_eps_high, "max_completion_length": train.max_completion_length,
+            "prompts": tokenizer.batch_decode(out["prompt_ids"], skip_special_tokens=True),
+            "completion_tokens": [tokenizer.convert_ids_to_tokens(row) for row in batch.completion_ids.tolist()],
+        }, indent=None)
 
     def _reduced_batch(self, out: dict, prepared: PreparedBatch, device) -> dict:
         rows, length = prepared.rows.to(device), prepared.length
@@ -230,7 +258,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
             loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
             self._log_train("kl", float((kl * mask).sum() / mask.sum().clamp(min=1)))
         self._log_step_metrics(stats, result, ratio, advantages, mask, started)
-        return loss / self.current_gradient_accumulation_steps
+        return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
 
     # --- metrics ------------------------------------------------------------------------------------------------
 

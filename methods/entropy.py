@@ -2,9 +2,9 @@
 
 Wang et al., arXiv 2506.01939 (NeurIPS 2025), Sec. 5.1 Eq. 6. Official code: github.com/Shenzhi-Wang/
 Beyond-the-80-20-Rule-RLVR @6f5dda6f70dbee207bea28705e5f96ce12eb98df (mask cast fix 137d8d1),
-verl/trainer/ppo/core_algos.py ``get_global_entropy_top_mask`` (L53-85) and verl/workers/actor/dp_actor.py, where the
-mask multiplies the response mask inside ``agg_loss``. TRL variant: huggingface/trl @f2cd57710ae345ea6428ae95363267fcf38a3dc8
-``GRPOTrainer.get_high_entropy_mask`` and ``top_entropy_quantile``.
+verl/trainer/ppo/core_algos.py ``get_global_entropy_top_mask`` (L53-85) and verl/workers/actor/dp_actor.py, where
+the mask multiplies the response mask inside ``agg_loss``. TRL variant: huggingface/trl
+@f2cd57710ae345ea6428ae95363267fcf38a3dc8, ``GRPOTrainer.get_high_entropy_mask`` and ``top_entropy_quantile``.
 
 With H_{i,t} the entropy of pi_theta (the training policy, at the current forward), M the completion mask and n = |M|:
 

@@ -43,7 +43,6 @@ Deviations (also in ``GMTS.deviations``):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -67,23 +66,27 @@ def keep_top_scores(score: torch.Tensor, mask: torch.Tensor, group_ids: torch.Te
     """(B, T) bool: per scope, all but the max(1, ceil(remove_fraction N)) lowest scores among ``mask``; score > 0.
 
     The order is stable over row-major positions, so equal scores are removed first in earlier rollouts and
-    earlier positions, as Python's list sort in Framework1.
+    earlier positions, as Python's list sort in Framework1. All groups are ranked at once: a stable sort by score,
+    then a stable sort by group.
     """
     mask = mask.bool()
-    if scope == "group":
-        scopes = [group_ids == gid for gid in torch.unique(group_ids)]
-    else:
-        scopes = [torch.ones_like(group_ids, dtype=torch.bool)]
-    flat_score = score.flatten()
+    positions = mask.flatten().nonzero(as_tuple=False).squeeze(1)  # (N,), row-major
     selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    for rows in scopes:
-        positions = (mask & rows[:, None]).flatten().nonzero(as_tuple=False).squeeze(1)  # row-major
-        n = positions.numel()
-        if n == 0:
-            continue
-        removed = max(1, math.ceil(n * remove_fraction))  # Framework1: k = max(1, ceil(len(entries) * frac))
-        order = torch.sort(flat_score[positions], stable=True).indices  # ascending
-        selected[positions[order[removed:]]] = True
+    if positions.numel() == 0:
+        return selected.view_as(mask)
+    if scope == "group":
+        labels = group_ids.to(mask.device)[positions // mask.shape[1]]
+    else:
+        labels = torch.zeros_like(positions)
+    _, group = torch.unique(labels, return_inverse=True)  # (N,), 0..n_groups-1
+    order = torch.sort(score.flatten()[positions], stable=True).indices  # ascending score, ties row-major
+    order = order[torch.sort(group[order], stable=True).indices]  # grouped, ascending score within each group
+    counts = torch.bincount(group)  # N_g
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(order.numel(), device=mask.device) - starts[group[order]]
+    # Framework1: k = max(1, ceil(len(entries) * frac)), in double precision as Python's math.ceil
+    removed = torch.ceil(counts.to(torch.float64) * remove_fraction).clamp(min=1).long()
+    selected[positions[order[rank >= removed[group[order]]]]] = True
     return selected.view_as(mask) & (score > 0)
 
 

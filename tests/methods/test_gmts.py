@@ -83,7 +83,7 @@ def test_official_count_rule(n_tokens, seed):
     score = entropy * batch.advantages.abs()
     selected, rest = out.weights > 0, (mask > 0) & ~(out.weights > 0)
     if bool(selected.any()) and bool(rest.any()):
-        assert float(score[selected].min()) > float(score[rest].max())
+        assert float(score[selected].min()) >= float(score[rest].max())  # ties: see the row-major test
 
 
 def test_ranking_is_per_prompt_group():

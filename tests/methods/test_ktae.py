@@ -42,6 +42,7 @@ KEY_3 = 0.21691957149271301
 # token 4: a=1 b=1 c=1 d=1: p = 1, IG = 0 -> key 0.
 # token 5: a=0 b=2: p = 1/3, IG = 1, x = -pi/2 - 0.6/1e-5 -> score ~ -45000 -> key = -1 (saturated, official).
 ROLLOUT_A = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # (R - 0.5) / (std_unbiased + 1e-6)
+SINGLE_A = 1.0 / (1.0 + 1e-6)  # a group of one rollout: mean 0, std 1 (verl)
 
 
 @settings(max_examples=300, deadline=None)
@@ -73,7 +74,7 @@ def test_hand_computed_keys():
     batch = KTAE().on_rollouts(hand_batch(), CTX)
     A = ROLLOUT_A
     expected = torch.tensor([[A + KEY_3, A + 0.0], [A + KEY_3, A + KEY_3], [-A + 0.0, -A - 1.0],
-                             [-A + KEY_3, -A - 1.0], [0.0, 0.0]])
+                             [-A + KEY_3, -A - 1.0], [SINGLE_A, SINGLE_A]])
     assert torch.allclose(batch.advantages, expected, atol=1e-6)
     # gamma = 0 switches the frequency term off: x = pi/4, key = 2 (sigmoid(IG pi/8) - 1/2)
     no_tf = KTAE(KTAE.Config(gamma=0.0)).on_rollouts(hand_batch(), CTX)
@@ -148,7 +149,8 @@ def test_gradient_matches_the_loss_with_additive_key():
     surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX)
     (trainer_grad,) = torch.autograd.grad((out.weights * surrogate).sum() / out.denominator, logp)
     A = ROLLOUT_A
-    advantages = torch.tensor([[A + KEY_3, A], [A + KEY_3, A + KEY_3], [-A, -A - 1], [-A + KEY_3, -A - 1], [0.0, 0.0]])
+    advantages = torch.tensor([[A + KEY_3, A], [A + KEY_3, A + KEY_3], [-A, -A - 1], [-A + KEY_3, -A - 1],
+                               [SINGLE_A, SINGLE_A]])
     direct = clipped_surrogate(logp, old_logp, advantages, CTX).mean()  # token-mean over all 10 tokens
     (direct_grad,) = torch.autograd.grad(direct, logp)
     assert torch.allclose(trainer_grad, direct_grad, atol=1e-6)

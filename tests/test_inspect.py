@@ -1,0 +1,90 @@
+"""`harness inspect`: the public batch format in, advantages/weights/keep/denominator out."""
+
+import json
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.inspect import inspect_batch
+
+BATCH = {
+    "completion_ids": [[5, 6, 7, 0], [5, 8, 0, 0], [9, 9, 9, 9], [4, 4, 0, 0]],
+    "completion_mask": [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]],
+    "rewards": [1.0, 0.0, 1.0, 1.0],
+    "group_ids": [0, 0, 1, 1],
+    "logp": [[-0.1, -0.2, -0.3, 0.0], [-1.0, -2.0, 0.0, 0.0], [-0.5] * 4, [-0.4, -0.4, 0.0, 0.0]],
+    "entropy": [[0.5, 1.5, 0.2, 0.0], [1.0, 2.0, 0.0, 0.0], [0.3] * 4, [0.9, 0.1, 0.0, 0.0]],
+    "progress": 0.0,
+    "seed": 0,
+}
+
+
+def run(tmp_path, method="uniform", batch=BATCH, overrides=()):
+    source = tmp_path / "batch.json"
+    source.write_text(json.dumps(batch))
+    return inspect_batch(method, source, tmp_path / "out.json", list(overrides))
+
+
+def test_uniform_is_grpo_token_mean(tmp_path):
+    out = run(tmp_path)
+    mask = torch.tensor(BATCH["completion_mask"], dtype=torch.float32)
+    # group 0: rewards (1, 0): mean 0.5, unbiased std 0.7071 -> +-0.7071; group 1 all correct -> 0
+    expected_rollout = torch.tensor([0.5 / (0.5**0.5 + 1e-6), -0.5 / (0.5**0.5 + 1e-6), 0.0, 0.0])
+    torch.testing.assert_close(torch.tensor(out["advantages"]), expected_rollout[:, None] * mask)
+    torch.testing.assert_close(torch.tensor(out["weights"]), mask)
+    assert out["keep"] == [1, 1, 1, 1]
+    assert out["denominator"] == pytest.approx(11.0)
+    assert json.loads((tmp_path / "out.json").read_text())["denominator"] == out["denominator"]
+
+
+@pytest.mark.parametrize("aggregation, denominator", [("seq-mean-token-mean", 4.0), ("seq-mean-token-sum-norm", 16.0)])
+def test_aggregation_switches(tmp_path, aggregation, denominator):
+    out = run(tmp_path, overrides=[f"ctx.aggregation={aggregation}"])
+    assert out["denominator"] == pytest.approx(denominator)
+    if aggregation == "seq-mean-token-mean":
+        assert out["weights"][0][:3] == pytest.approx([1 / 3] * 3)
+
+
+def test_dr_grpo_scale_none(tmp_path):
+    out = run(tmp_path, batch={**BATCH, "scale_rewards": "none"})
+    assert out["advantages"][0][0] == pytest.approx(0.5) and out["advantages"][1][0] == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rewards": [1.0, 0.0]}, "key 'rewards' has shape \\[2\\], expected \\[4\\]"),
+    ({"completion_mask": [[1, 2, 1, 0]] * 4}, "only 0 and 1"),
+    ({"progress": 1.5}, "progress"),
+    ({"logp": None}, "'logp'"),
+])
+def test_bad_batches_name_the_key(tmp_path, change, message):
+    batch = {**BATCH, **change}
+    if change.get("logp", 0) is None:
+        del batch["logp"]
+    with pytest.raises(ValueError, match=message):
+        run(tmp_path, batch=batch)
+
+
+def test_method_needing_entropy_without_it_is_an_error(tmp_path):
+    batch = {k: v for k, v in BATCH.items() if k != "entropy"}
+    with pytest.raises(ValueError, match="needs key"):
+        run(tmp_path, method="entropy", batch=batch)
+
+
+def test_cli_inspect_every_registered_method(tmp_path, capsys):
+    from methods.registry import registered_methods
+
+    source = tmp_path / "batch.json"
+    source.write_text(json.dumps({**BATCH, "sum_p2": [[0.5] * 4] * 4, "ref_logp": BATCH["logp"]}))
+    for name in registered_methods():
+        assert main(["inspect", name, "--batch", str(source), "--out", str(tmp_path / f"{name}.json")]) == 0
+        out = json.loads((tmp_path / f"{name}.json").read_text())
+        assert len(out["weights"]) == 4 and len(out["keep"]) == 4
+
+
+def test_cli_unknown_method_lists_registered(tmp_path, capsys):
+    source = tmp_path / "batch.json"
+    source.write_text(json.dumps(BATCH))
+    assert main(["inspect", "gmtz", "--batch", str(source), "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'gmtz'" in err and "uniform" in err

@@ -1,0 +1,46 @@
+"""Chunked token statistics equal the naive full-softmax ones, values and gradients."""
+
+import pytest
+import torch
+
+from harness.tokenstats import token_statistics
+
+
+def naive(hidden, lm_head, targets, temperature):
+    logits = lm_head(hidden).float() / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    p = logp_all.exp()
+    return {"logp": logp_all.gather(-1, targets[..., None]).squeeze(-1), "entropy": -(p * logp_all).sum(-1),
+            "sum_p2": (p * p).sum(-1)}
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 12, 1000])
+def test_chunked_statistics_match_full_softmax(chunk_size):
+    torch.manual_seed(0)
+    B, T, H, V = 3, 4, 8, 11
+    lm_head = torch.nn.Linear(H, V, bias=False)
+    hidden = torch.randn(B, T, H, requires_grad=True)
+    targets = torch.randint(V, (B, T))
+    chunked = token_statistics(hidden, lm_head, targets, ("entropy", "sum_p2"), 0.7, chunk_size)
+    reference = naive(hidden, lm_head, targets, 0.7)
+    for name in ("logp", "entropy", "sum_p2"):
+        torch.testing.assert_close(chunked[name], reference[name].detach() if name != "logp" else reference[name])
+    grad_chunked = torch.autograd.grad(chunked["logp"].sum(), (hidden, lm_head.weight))
+    grad_reference = torch.autograd.grad(reference["logp"].sum(), (hidden, lm_head.weight))
+    for a, b in zip(grad_chunked, grad_reference, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_only_logp_unless_asked_and_extras_carry_no_grad():
+    lm_head = torch.nn.Linear(4, 7)
+    hidden = torch.randn(2, 3, 4, requires_grad=True)
+    targets = torch.randint(7, (2, 3))
+    assert set(token_statistics(hidden, lm_head, targets, ())) == {"logp"}
+    out = token_statistics(hidden, lm_head, targets, ("entropy",), chunk_size=2)
+    assert out["logp"].requires_grad and not out["entropy"].requires_grad
+
+
+def test_unknown_statistic_is_rejected():
+    with pytest.raises(ValueError, match="allowed"):
+        token_statistics(torch.zeros(1, 1, 2), torch.nn.Linear(2, 3), torch.zeros(1, 1, dtype=torch.long),
+                         ("perplexity",))
