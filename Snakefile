@@ -62,10 +62,14 @@ def eval_targets():
     return [f"{ROOT}/eval/{m}/seed{s}/{c}/{b}/results.json" for m, s, c in runs for b in BENCHES]
 
 
+REPORT_OUTPUTS = [f"{ROOT}/{name}" for name in
+                  ("leaderboard.md", "leaderboard.csv", "leaderboard_runs.csv", "report.html")]
+REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}.yaml"
+
+
 rule all:
     input:
-        f"{ROOT}/leaderboard.md",
-        f"{ROOT}/leaderboard.csv",
+        REPORT_OUTPUTS,
 
 
 rule data:
@@ -141,9 +145,9 @@ rule report:
     input:
         eval_targets(),
         expand(f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json", method=SWEEP.methods, seed=SWEEP.seeds),
+        [str(REPORTED_FILE)] if REPORTED_FILE.is_file() else [],
     output:
-        f"{ROOT}/leaderboard.md",
-        f"{ROOT}/leaderboard.csv",
+        REPORT_OUTPUTS,
     log:
         f"{ROOT}/logs/report.log",
     shell:

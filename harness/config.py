@@ -58,16 +58,17 @@ class ModelConfig:
 class SyntheticConfig:
     """Procedural multi-step arithmetic: terms of up to ``digits`` digits joined by + and -."""
 
-    terms: int = 3
-    digits: int = 2
-    ood_terms: int = 4  # the harder out-of-distribution split has more terms
+    terms: int = 4
+    digits: int = 1
+    ood_terms: int = 6  # the harder out-of-distribution split has more terms
+    slip_rate: float = 0.4  # fraction of training solutions with one arithmetic slip (warm-start data only)
     n_train: int = 20000
     n_eval: int = 200
     n_ood: int = 200
     seed: int = 1234
 
     RANGES = {"terms": (2, 9), "digits": (1, 6), "ood_terms": (2, 12), "n_train": (1, None), "n_eval": (1, None),
-              "n_ood": (1, None)}
+              "n_ood": (1, None), "slip_rate": (0.0, 1.0)}
 
 
 @dataclass
@@ -87,7 +88,7 @@ class DataConfig:
 class WarmstartConfig:
     """Supervised warm start of a char_llama model on worked solutions (skipped for other model kinds)."""
 
-    steps: int = 220
+    steps: int = 300
     batch_size: int = 64
     learning_rate: float = 3e-3
     seed: int = 0

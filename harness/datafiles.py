@@ -149,3 +149,25 @@ def write_json_atomic(path: str | Path, obj: Any, indent: int = 2) -> Path:
         handle.write("\n")
 
     return _write_atomic(path, write)
+
+
+def write_sha256sums(folder: str | Path, files: Iterable[str | Path]) -> Path:
+    """Add or refresh ``files``' lines in ``folder/SHA256SUMS`` (other lines kept, sorted), written atomically.
+
+    For generated data (e.g. the synthetic eval sets): write the JSONL files, then call this, so that
+    ``verify_checksum`` and ``sha256sum -c SHA256SUMS`` accept them.
+    """
+    folder = Path(folder).resolve()
+    sums_file = folder / CHECKSUM_FILE
+    table = read_checksums(sums_file) if sums_file.is_file() else {}
+    for path in files:
+        path = Path(path).resolve()
+        if not path.is_relative_to(folder):
+            raise DataFileError(f"{path}: not inside {folder}, so {sums_file} cannot list it")
+        table[os.path.normpath(str(path.relative_to(folder)))] = sha256_file(path)
+
+    def write(handle):
+        for name in sorted(table):
+            handle.write(f"{table[name]}  {Path(name).as_posix()}\n")
+
+    return _write_atomic(sums_file, write)

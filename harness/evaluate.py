@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.config import BenchmarkConfig, EvalConfig
-from harness.datafiles import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
+from harness.datafiles import REPO_ROOT, read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BASE_TASK = TASKS_DIR / "_default_template_yaml"
@@ -185,6 +185,12 @@ def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path,
     return path
 
 
+def _portable(path: Path) -> str:
+    """Repo-relative when inside the repo, so results compare across checkouts and machines."""
+    path = path.resolve()
+    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def _lm_eval_metrics(task_results: dict) -> dict:
     """lm-eval's aggregates for one task ("avg_at_k,all" -> "avg_at_k"); NaN (no gradable problem) -> None."""
     out = {}
@@ -205,12 +211,55 @@ def _versions(backend: str) -> dict[str, str]:
     return out
 
 
+def _collect_samples(res: dict, task_files: dict[str, Path], modes: dict[str, int], prompts: dict[str, str],
+                     n_docs: int) -> list[dict]:
+    """One row per (problem, sample) from lm-eval's logged samples, in problem order, checking what lm-eval did."""
+    samples = []
+    for mode, task_file in task_files.items():
+        task = task_file.stem
+        logged = sorted(res["samples"][task], key=lambda s: s["doc_id"])
+        if len(logged) != n_docs:
+            raise RuntimeError(f"lm-eval returned {len(logged)} docs for {task}, expected {n_docs}")
+        for entry in logged:
+            doc = entry["doc"]
+            context = entry["arguments"][0][0]  # (context, gen_kwargs) of the doc's request
+            if context != prompts[doc["id"]]:
+                raise RuntimeError(f"{task}: lm-eval changed the prompt of {doc['id']!r}: {context!r}")
+            completions = entry["filtered_resps"][0]
+            if isinstance(completions, str):
+                completions = [completions]
+            if len(completions) != modes[mode]:
+                raise RuntimeError(f"{task}: {len(completions)} completions for {doc['id']!r}, "
+                                   f"expected {modes[mode]} (is the keep-all filter in place?)")
+            samples += [{"id": doc["id"], "sample": i, "mode": mode, "gold": doc["answer"], "completion": c}
+                        for i, c in enumerate(completions)]
+    return samples
+
+
+def _score_samples(samples: list[dict], scorer: str, timeout_s: float, tokenizer) -> None:
+    """Add the score fields and the response length to each row, in place.
+
+    The scorer is the one process_results used, so these are cache hits. ``response_tokens`` re-tokenizes the
+    returned text (stop string and EOS removed, special tokens skipped by lm-eval's decode): exact for the
+    char-level model, within a token or two of the generated count for BPE tokenizers.
+    """
+    from harness.scoring import score_batch
+
+    texts = [s["completion"] for s in samples]
+    scores = score_batch(texts, [s["gold"] for s in samples], scorer, timeout_s)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+    for row, score, length in zip(samples, scores, lengths, strict=True):
+        row.update(extracted=score.extracted, correct=score.correct, format_ok=score.format_ok,
+                   gradable=score.gradable, timed_out=score.timed_out, response_tokens=length)
+
+
 def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig, data_file: Path,
                        eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu") -> dict:
     """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json."""
     start = time.monotonic()
     data_file, out_dir, model_dir = Path(data_file), Path(out_dir), Path(model_dir)
     data_sha256 = verify_checksum(data_file)  # before any model work: a corrupt file fails in seconds
+    (out_dir / "results.json").unlink(missing_ok=True)  # results.json present <=> this run finished
     rows = read_jsonl(data_file)
     if bench.limit > 0:
         rows = rows[:bench.limit]
@@ -223,7 +272,6 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     from transformers import AutoConfig, AutoTokenizer
 
     from harness.prompts import STOP_SEQUENCES, render_prompt
-    from harness.scoring import score_batch
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
@@ -247,34 +295,9 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     generate_s = time.monotonic() - gen_start
     shutil.rmtree(task_dir / HF_CACHE, ignore_errors=True)
 
-    # Per-sample rows, in problem order; scores come from the same scorer process_results used (cached).
-    samples = []
-    for mode, task_file in task_files.items():
-        task = task_file.stem
-        logged = sorted(res["samples"][task], key=lambda s: s["doc_id"])
-        if len(logged) != len(docs):
-            raise RuntimeError(f"lm-eval returned {len(logged)} docs for {task}, expected {len(docs)}")
-        for entry in logged:
-            doc = entry["doc"]
-            context = entry["arguments"][0][0] if entry["arguments"] else None
-            if context is not None and context != prompts[doc["id"]]:
-                raise RuntimeError(f"{task}: lm-eval changed the prompt of {doc['id']!r}: {context!r}")
-            completions = entry["filtered_resps"][0]
-            if isinstance(completions, str):
-                completions = [completions]
-            if len(completions) != modes[mode]:
-                raise RuntimeError(f"{task}: {len(completions)} completions for {doc['id']!r}, "
-                                   f"expected {modes[mode]} (is the keep-all filter in place?)")
-            samples += [{"id": doc["id"], "sample": i, "mode": mode, "gold": doc["answer"], "completion": c}
-                        for i, c in enumerate(completions)]
-
+    samples = _collect_samples(res, task_files, modes, prompts, len(docs))
     score_start = time.monotonic()
-    scores = score_batch([s["completion"] for s in samples], [s["gold"] for s in samples], bench.scorer,
-                         eval_cfg.scoring_timeout_s)
-    lengths = [len(ids) for ids in tokenizer([s["completion"] for s in samples], add_special_tokens=False)["input_ids"]]
-    for row, score, length in zip(samples, scores, lengths, strict=True):
-        row.update(extracted=score.extracted, correct=score.correct, format_ok=score.format_ok,
-                   gradable=score.gradable, timed_out=score.timed_out, response_tokens=length)
+    _score_samples(samples, bench.scorer, eval_cfg.scoring_timeout_s, tokenizer)
     score_s = time.monotonic() - score_start
 
     context_limit = (eval_cfg.vllm.max_model_len if eval_cfg.backend == "vllm"
@@ -287,7 +310,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     write_jsonl_atomic(out_dir / "samples.jsonl", samples)
     results = {
         "bench": bench_name,
-        "model_dir": str(model_dir),
+        "model_dir": _portable(model_dir),
         "scorer": bench.scorer,
         "prompt_template": prompt_template,
         "n_problems": len(docs),
@@ -303,7 +326,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "stop_sequences": list(stops),
         "metrics": metrics,
         "lm_eval_metrics": {task_files[m].stem: _lm_eval_metrics(res["results"][task_files[m].stem]) for m in modes},
-        "data_file": str(data_file),
+        "data_file": _portable(data_file),
         "data_sha256": data_sha256,
         "samples_file": "samples.jsonl",
         "versions": _versions(eval_cfg.backend),

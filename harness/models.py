@@ -78,12 +78,15 @@ def warmstart_char_llama(model_cfg: ModelConfig, cfg: WarmstartConfig, rows: lis
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
     warmup = max(1, cfg.steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / max(1, cfg.steps)))))
+
+    def lr_factor(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, cfg.steps))))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     batches = sft_batches(rows, tokenizer, prompt_fn, cfg.batch_size, generator)
     losses, start = [], time.perf_counter()
     model.train()
-    for step in range(cfg.steps):
+    for _ in range(cfg.steps):
         ids, mask, labels = next(batches)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

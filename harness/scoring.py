@@ -10,14 +10,16 @@ Two scorers, picked by name (``TrainConfig.reward``, ``BenchmarkConfig.scorer``)
 
 ``math_verify`` (competition maths). Rules, in order:
     1. gold: the data README's answer (bare LaTeX) is wrapped as ``$answer$`` and parsed with math-verify's LaTeX
-       extractor; if that yields nothing, ``\\boxed{answer}`` is tried. A trailing ``%``/``\\%`` is dropped first
-       (math-verify reads ``62.5%`` and ``62.5\\%`` inconsistently; units are not part of answers either).
+       extractor; if that yields nothing, ``\\boxed{answer}`` is tried. ``normalize_answer`` runs first, on golds
+       and boxed answers alike: a trailing ``%``/``\\%`` is dropped (math-verify reads ``62.5%`` and ``62.5\\%``
+       inconsistently, and a ``%`` inside a box is a LaTeX comment), and Python-style ``4.5e33`` becomes
+       ``4.5 \\times 10^{33}`` (math-verify would read ``e`` as Euler's number; Minerva solutions write it so).
        A gold that still parses to nothing is ungradable (``gradable=False``): counted, never scored as wrong.
     2. prediction: the content of the LAST complete ``\\boxed{...}`` (our brace-matching scan; an earlier box
        the model corrected does not count) is parsed by math-verify. If there is no box, or it does not parse,
        math-verify reads the whole completion with its own priorities: boxed first (``boxed_match_priority=0``),
        then other LaTeX environments (``$..$``, ``\\[..\\]``, "final answer is ..."), then plain expressions.
-       Normalisation as TRL's accuracy reward (units stripped, no malformed-operator / nits rewriting).
+       math-verify's default normalisation (units stripped, ``\\frac14``-style shorthand repaired).
        format_ok = the completion holds a complete ``\\boxed{...}`` (balanced braces), found by a linear scan.
        extracted = the last box's normalised LaTeX; for the fallback, the parsed value as sympy prints it
        (math-verify does not report which span it read); None when nothing was read. maj@k groups these strings.
@@ -28,9 +30,10 @@ math-verify's own timeouts use SIGALRM, which fails off the main thread, so they
 worker subprocess per calling process (``python -m harness.scoring``, stdin/stdout pipes, length-prefixed
 pickles); the parent waits for each item's answer up to ``timeout_s``. When the deadline passes the worker is
 killed, the item is scored incorrect with ``timed_out=True``, and a fresh worker (about 1 s to import sympy)
-takes the rest of the batch. This works from threads, from daemonic worker processes (a plain subprocess, not
-``multiprocessing``) and does not depend on ``__main__`` being importable. Calls from several threads share the
-worker under a lock. Recent math-verify results are memoised by (gold, timeout, digest of the completion), so
+takes the rest of the batch. The clock covers the item only: waiting for a worker to finish starting is extra.
+This works from threads, from daemonic worker processes (a plain subprocess, not ``multiprocessing``) and does
+not depend on ``__main__`` being importable. Calls from several threads share the worker under a lock; a forked
+child starts its own. Recent math-verify results are memoised by (gold, timeout, digest of the completion), so
 scoring the same completions again (lm-eval's process_results, then the per-sample file) costs nothing.
 """
 
@@ -95,6 +98,14 @@ def score_numeric(completion: str, gold: str) -> Score:
 
 _BOX_TOKENS = re.compile(r"\\boxed\s*\{|\{|\}")
 _TRAILING_PERCENT = re.compile(r"\s*\\?%\s*$")
+_PYTHON_SCI = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")  # 3.83e35; "2e", "e5", "a1e5" stay
+
+
+def normalize_answer(text: str) -> str:
+    """Rewrites applied to golds and to the boxed answer alike: drop a trailing ``%``/``\\%``, and turn
+    Python-style ``3.83e35`` into ``3.83 \\times 10^{35}`` (math-verify reads that ``e`` as Euler's number)."""
+    text = _TRAILING_PERCENT.sub("", text.strip())
+    return _PYTHON_SCI.sub(r"\1 \\times 10^{\2}", text)
 
 
 def last_boxed(text: str) -> str | None:
@@ -120,14 +131,12 @@ def _mv():
     if not _MV:
         import logging
 
-        from latex2sympy2_extended import NormalizationConfig
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
         logging.getLogger("math_verify").setLevel(logging.ERROR)  # the "timeout is disabled" warning, per call
-        pred_latex = LatexExtractionConfig(
-            boxed_match_priority=0,
-            normalization_config=NormalizationConfig(basic_latex=True, units=True, malformed_operators=False,
-                                                     nits=False, boxed="all", equations=False))
+        # math-verify's default normalisation (TRL's reward turns off malformed_operators and nits, which then
+        # misreads MATH's own shorthand: \frac14 -> 0, 11\sqrt2 -> 242; 7 of MATH-500's reference solutions fail)
+        pred_latex = LatexExtractionConfig(boxed_match_priority=0)
         _MV.update(parse=parse, verify=verify, gold_config=[LatexExtractionConfig()],
                    pred_config=[pred_latex, ExprExtractionConfig()])
     return _MV
@@ -136,7 +145,7 @@ def _mv():
 def parse_gold(gold: str) -> list:
     """Gold answer -> math-verify's parsed list ([] = ungradable). See rule 1 in the module docstring."""
     mv = _mv()
-    gold = _TRAILING_PERCENT.sub("", gold.strip())
+    gold = normalize_answer(gold)
     if not gold:
         return []
     for wrapped in ("$" + gold + "$", "\\boxed{" + gold + "}"):
@@ -159,7 +168,7 @@ def math_verify_inline(completion: str, gold: str, gold_cache: dict | None = Non
     pred, extracted = [], None
     boxed = last_boxed(completion)
     if boxed is not None and boxed.strip():
-        pred = mv["parse"]("\\boxed{" + boxed + "}", extraction_config=mv["pred_config"],
+        pred = mv["parse"]("\\boxed{" + normalize_answer(boxed) + "}", extraction_config=mv["pred_config"],
                            fallback_mode="first_match", parsing_timeout=None)
         extracted = pred[-1] if pred and isinstance(pred[-1], str) else None  # the box's normalised LaTeX
     if not any(not isinstance(p, str) for p in pred) and completion.strip():  # no box, or it did not parse
@@ -290,6 +299,16 @@ def _drop_worker(restart: bool = False) -> None:
         worker.kill()
     if restart:  # start the replacement now: it imports sympy while the caller moves on
         _WORKERS[os.getpid()] = _Worker()
+
+
+def _after_fork_in_child() -> None:
+    # The child must not share the parent's worker (or a lock another parent thread held at fork time).
+    global _LOCK
+    _LOCK = threading.Lock()
+    _WORKERS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -1,11 +1,18 @@
 """Procedurally generated multi-step arithmetic with worked steps: the embedded default task.
 
-A problem is ``terms`` integers, each of 1 to ``digits`` digits (width drawn uniformly), joined by + and -, e.g. ``12+34-5``. The worked
-solution evaluates left to right, one line per step, and ends with the final answer line::
+A problem is ``terms`` integers, each of 1 to ``digits`` digits (width drawn uniformly), joined by + and -,
+e.g. ``8+7-3+0``. The worked solution evaluates left to right, one line per step, and ends with the final answer::
 
-    12+34=46
-    46-5=41
-    Answer: 41
+    8+7=15
+    15-3=12
+    12+0=12
+    Answer: 12
+
+The supervised warm start learns from the ``solution`` text, in which a fraction ``slip_rate`` of the training
+rows carries one arithmetic slip (a step result off by 1 or 2, carried on to the final line). The row's
+``answer`` is always the true value, which is what rewards and evaluation check. So the warm-started policy
+makes slips with some probability: RL with a correctness reward has a real, learnable signal (lower the slip
+rate), much like RLVR sharpening a model whose sampled answers are less reliable than its greedy ones.
 
 Splits are deterministic by seed and disjoint by construction: a problem belongs to ``eval`` when the first
 byte of its sha256 is below 26 (about 10% of all problems), otherwise to ``train``; each split samples only
@@ -35,11 +42,13 @@ def _random_problem(rng: random.Random, terms: int, digits: int) -> tuple[str, l
     return text, numbers, ops
 
 
-def worked_solution(numbers: list[int], ops: list[str]) -> tuple[str, int]:
-    """The step-by-step solution text and the final value."""
+def worked_solution(numbers: list[int], ops: list[str], slip_step: int | None = None,
+                    slip: int = 0) -> tuple[str, int]:
+    """The step-by-step solution text and its final value; ``slip`` is added to the result of step
+    ``slip_step`` (an arithmetic slip that the following steps carry on from)."""
     lines, value = [], numbers[0]
-    for op, n in zip(ops, numbers[1:], strict=True):
-        new = value + n if op == "+" else value - n
+    for step, (op, n) in enumerate(zip(ops, numbers[1:], strict=True)):
+        new = (value + n if op == "+" else value - n) + (slip if step == slip_step else 0)
         lines.append(f"{value}{op}{n}={new}")
         value = new
     lines.append(f"Answer: {value}")
@@ -64,7 +73,11 @@ def generate_split(cfg: SyntheticConfig, split: str) -> list[dict]:
         if text in seen or (split != "ood" and split_of(text) != split):
             continue
         seen.add(text)
-        solution, value = worked_solution(numbers, ops)
+        _, value = worked_solution(numbers, ops)
+        slip_step, slip = None, 0
+        if split == "train" and rng.random() < cfg.slip_rate:
+            slip_step, slip = rng.randrange(len(ops)), rng.choice((-2, -1, 1, 2))
+        solution, _ = worked_solution(numbers, ops, slip_step, slip)
         rows.append({"id": f"arith-{split}-{len(rows):06d}", "problem": text, "answer": str(value),
                      "solution": solution, "source": f"arith_{split}"})
     return rows

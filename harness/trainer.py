@@ -256,7 +256,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
             kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
             base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
             loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
-            self._log_train("kl", float((kl * mask).sum() / mask.sum().clamp(min=1)))
+            self._log_train("kl", float((kl.detach() * mask).sum() / mask.sum().clamp(min=1)))
         self._log_step_metrics(stats, result, ratio, advantages, mask, started)
         return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
 

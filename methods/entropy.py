@@ -69,7 +69,7 @@ def quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     position = q * (ordered.numel() - 1)
     low = int(position)
     high = min(low + 1, ordered.numel() - 1)
-    return torch.lerp(ordered[low], ordered[high], torch.tensor(position - low, dtype=ordered.dtype))
+    return torch.lerp(ordered[low], ordered[high], position - low)
 
 
 def quantile_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> tuple[torch.Tensor, float]:

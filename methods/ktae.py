@@ -26,9 +26,10 @@ p is computed exactly: P(k) = C(|C|, k) C(|W|, a + b - k) / C(n, a + b) with Pyt
 the P(k) <= P(a) compared as exact integers (scipy's two-sided semantics; scipy needs a 1e-14 relative tolerance
 only because its pmf is in floats). So "p = 1" is decided exactly: F = 0 iff the observed table is a most likely
 table (the code's intent). The official float32 lgamma sum makes p = 1 wobble to 0.99999994 or 1.0000001, which
-then gives F = exp(-2) instead of 0. Everything else is computed in float64 and the key cast to the advantages'
-dtype (official: float32). A token seen only in C (or only in W) saturates the tf term and gets key near +-top:
-that is the official behaviour.
+then gives F = exp(-2) instead of 0 (on most such tables of random small groups), and it can miss exact ties
+elsewhere ([[2, 5], [6, 1]]: official 0.054, exact and scipy 0.103). Everything else is computed in float64 and
+the key cast to the advantages' dtype (official: float32). A token seen only in C (or only in W) saturates the tf
+term and gets key near +-top (exactly +-top in floating point): that is the official behaviour.
 
 Deviations (also in ``KTAE.deviations``): exact p (above) and float64 arithmetic; special ids are the batch's
 ``special_token_ids`` (training: the tokenizer's EOS and PAD; inspect: the batch's list, default [151643]) instead of
@@ -66,6 +67,19 @@ def fisher_exact_two_sided(a: int, b: int, c: int, d: int) -> Fraction:
     return Fraction(sum(w for w in map(weight, support) if w <= observed), math.comb(n, row1))
 
 
+def fisher_term_table(n_correct: int, n_wrong: int) -> torch.Tensor:
+    """F[a, b] = exp(-2 p) of [[a, b], [|C| - a, |W| - b]] for every a <= |C|, b <= |W|; F = 0 when p = 1 exactly.
+
+    (|C| + 1)(|W| + 1) exact p-values (81 for G = 16); ``on_rollouts`` computes it once per split (|C|, |W|).
+    """
+    table = torch.zeros(n_correct + 1, n_wrong + 1, dtype=torch.float64)
+    for a in range(n_correct + 1):
+        for b in range(n_wrong + 1):
+            p = fisher_exact_two_sided(a, b, n_correct - a, n_wrong - b)
+            table[a, b] = 0.0 if p == 1 else math.exp(-2 * float(p))
+    return table
+
+
 def binary_entropy_bits(q: torch.Tensor) -> torch.Tensor:
     """h(q) = -q log2 q - (1 - q) log2 (1 - q), with 0 log 0 = 0."""
     return -(torch.special.xlogy(q, q) + torch.special.xlogy(1 - q, 1 - q)) / math.log(2.0)
@@ -95,8 +109,8 @@ class KTAE(Method):
 
     needs = frozenset()
     deviations = (
-        "Fisher p computed exactly (integer hypergeometric weights); F = 0 iff p = 1 exactly (official float32 "
-        "p = 1 test wobbles and then gives F = exp(-2))",
+        "Fisher p computed exactly (integer hypergeometric weights, = scipy two-sided); F = 0 iff p = 1 exactly "
+        "(official float32: the p = 1 test wobbles and then gives F = exp(-2), and some exact ties are missed)",
         "float64 arithmetic, key cast to the advantages' dtype (official: float32 throughout)",
         "special ids are the batch's special_token_ids (EOS/PAD in training), not the hard-coded Qwen id 151643",
         "a side whose rollouts have no completion token gets tf = 0 (official: 0/0 = NaN keys)",
@@ -132,8 +146,12 @@ class KTAE(Method):
                 raise ValueError(f"method.bm25_b must be in [0, 1], got {self.bm25_b!r}")
 
     def group_keys(self, completion_ids: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,
-                   special_token_ids: tuple[int, ...]) -> torch.Tensor:
-        """key(y_{i,t}) for one prompt group: ids (G, T), mask (G, T) bool, rewards (G,) -> (G, T) float64."""
+                   special_token_ids: tuple[int, ...],
+                   fisher_tables: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.Tensor:
+        """key(y_{i,t}) for one prompt group: ids (G, T), mask (G, T) bool, rewards (G,) -> (G, T) float64.
+
+        ``fisher_tables`` memoises ``fisher_term_table`` by (|C|, |W|) across the groups of one batch.
+        """
         cfg = self.config
         keys = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
         correct = rewards > 0  # C: R > 0; W: R <= 0
@@ -147,16 +165,13 @@ class KTAE(Method):
         a = present[correct].sum(0)  # (U,)
         b = present[~correct].sum(0)
         c, d = n_correct - a, n_wrong - b
-        # F = exp(-2 p), F = 0 when p = 1 exactly; one exact p per distinct (a, b) of the group
-        fisher = {}
-        for pair in set(zip(a.tolist(), b.tolist(), strict=True)):
-            p = fisher_exact_two_sided(pair[0], pair[1], n_correct - pair[0], n_wrong - pair[1])
-            fisher[pair] = 0.0 if p == 1 else math.exp(-2 * float(p))
-        f_term = torch.tensor([fisher[pair] for pair in zip(a.tolist(), b.tolist(), strict=True)],
-                              dtype=torch.float64, device=mask.device)
+        fisher_tables = {} if fisher_tables is None else fisher_tables
+        if (n_correct, n_wrong) not in fisher_tables:
+            fisher_tables[n_correct, n_wrong] = fisher_term_table(n_correct, n_wrong).to(mask.device)
+        f_term = fisher_tables[n_correct, n_wrong][a, b]  # F(v) = exp(-2 p), F = 0 when p = 1 exactly
         ig = information_gain_bits(a, b, c, d)
         # x = asin sqrt(a/|C|) - asin sqrt(b/|W|)  (+ tf_C/(tf_W + 1e-5) - tf_W/(tf_C + 1e-5))
-        x = torch.asin(torch.sqrt(a / n_correct)) - torch.asin(torch.sqrt(b / n_wrong))
+        x = torch.asin(torch.sqrt(a.double() / n_correct)) - torch.asin(torch.sqrt(b.double() / n_wrong))
         if cfg.gamma:
             token_correct = correct[rows]  # (N,)
             length_c, length_w = int(token_correct.sum()), int((~token_correct).sum())
@@ -177,10 +192,11 @@ class KTAE(Method):
     def on_rollouts(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         mask = batch.completion_mask > 0  # (B, T)
         keys = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
+        fisher_tables: dict[tuple[int, int], torch.Tensor] = {}
         for gid in torch.unique(batch.group_ids):
             rows = torch.nonzero(batch.group_ids == gid, as_tuple=False).flatten()
             keys[rows] = self.group_keys(batch.completion_ids[rows], mask[rows], batch.rewards[rows],
-                                         batch.special_token_ids)
+                                         batch.special_token_ids, fisher_tables)
         # A_{i,t} = A_i + key(y_{i,t}) on completion tokens
         advantages = (batch.rollout_advantages.to(torch.float64)[:, None] + keys) * mask
         return batch.replace(advantages=advantages.to(batch.advantages.dtype))

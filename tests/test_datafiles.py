@@ -15,6 +15,7 @@ from harness.datafiles import (
     verify_checksum,
     write_json_atomic,
     write_jsonl_atomic,
+    write_sha256sums,
 )
 
 DATA = REPO_ROOT / "data"
@@ -127,3 +128,15 @@ def test_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path):
         write_jsonl_atomic(target, rows())
     assert read_jsonl(target, required=()) == [{"a": 1}]
     assert os.listdir(tmp_path) == ["samples.jsonl"]
+
+
+def test_write_sha256sums_for_generated_data(tmp_path):
+    write_jsonl_atomic(tmp_path / "eval.jsonl", [{"id": "a", "problem": "1+1", "answer": "2"}])
+    write_jsonl_atomic(tmp_path / "sub" / "ood.jsonl", [{"id": "b", "problem": "1+2", "answer": "3"}])
+    write_sha256sums(tmp_path, [tmp_path / "eval.jsonl"])
+    write_sha256sums(tmp_path, [tmp_path / "sub" / "ood.jsonl"])  # adds, keeps the earlier line
+    assert verify_checksum(tmp_path / "eval.jsonl") and verify_checksum(tmp_path / "sub" / "ood.jsonl")
+    lines = (tmp_path / "SHA256SUMS").read_text().splitlines()
+    assert [line.split("  ")[1] for line in lines] == ["eval.jsonl", "sub/ood.jsonl"]
+    with pytest.raises(DataFileError, match="not inside"):
+        write_sha256sums(tmp_path / "sub", [tmp_path / "eval.jsonl"])

@@ -6,7 +6,8 @@ import time
 import pytest
 
 from harness import scoring
-from harness.scoring import Score, last_boxed, score_batch, score_math_verify, score_numeric
+from harness.datafiles import REPO_ROOT, read_jsonl
+from harness.scoring import Score, last_boxed, normalize_answer, score_batch, score_math_verify, score_numeric
 
 TIMEOUT_S = 5.0
 
@@ -36,12 +37,19 @@ MATH_VERIFY_TABLE = [
     ("\\boxed{3.83 \\times 10^{35}}", "3.83 \\times 10^{35}", True),
     ("\\boxed{1.5 \\times 10^{-3}}", "0.0015", True),
     ("\\boxed{3.8 \\times 10^{35}}", "3.83 \\times 10^{35}", False),
+    ("\\boxed{3.83e35}", "3.83 \\times 10^{35}", True),  # Python-style, as Minerva's own solutions write it
+    ("\\boxed{4e33}", "4 \\times 10^{33}", True),
     # degrees
     ("\\boxed{30^\\circ}", "30^\\circ", True),
     ("\\boxed{30}", "30^\\circ", True),
     ("\\boxed{30^{\\circ}}", "30", True),
     # percent gold (olympiadbench): the trailing % is dropped from the gold
     ("\\boxed{62.5}", "62.5%", True),
+    ("\\boxed{62.5\\%}", "62.5%", True),
+    ("\\boxed{17.5%}", "17.5%", True),  # a bare % inside a box is a LaTeX comment without the rewrite
+    # MATH shorthand: \frac14, 11\sqrt2 (math-verify's malformed-operator repair)
+    ("\\boxed{\\frac14}", "\\frac{1}{4}", True),
+    ("\\boxed{11\\sqrt2}", "11\\sqrt{2}", True),
     # sets, radicals, expressions, thousands separators, equations
     ("\\boxed{2, 1}", "1, 2", True),
     ("\\boxed{\\sqrt{18}}", "3\\sqrt2", True),
@@ -147,7 +155,8 @@ HOSTILE = {
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_completion_returns_within_timeout(name):
     timeout_s = 1.5
-    score_math_verify("\\boxed{1}", "1", TIMEOUT_S)  # a warm worker, as in a real batch
+    # a warm worker, as mid-batch (an uncached item: a worker restarted by the previous test may still be importing)
+    assert score_math_verify(f"\\boxed{{{time.time_ns()}}}", "1", TIMEOUT_S).gradable
     start = time.monotonic()
     score = score_math_verify(HOSTILE[name], "2", timeout_s)
     elapsed = time.monotonic() - start
@@ -185,3 +194,28 @@ def test_bad_arguments():
         score_batch(["x"], ["1"], "exact", TIMEOUT_S)
     with pytest.raises(ValueError, match="2 golds"):
         score_batch(["x"], ["1", "2"], "numeric", TIMEOUT_S)
+
+
+def test_normalize_answer():
+    assert normalize_answer("3.83e35") == "3.83 \\times 10^{35}"
+    assert normalize_answer("1.2E-5") == "1.2 \\times 10^{-5}"
+    assert normalize_answer(" 8 \\% ") == "8"
+    for untouched in ("2e", "e5", "a1e5", "10^{35}", "\\frac{1}{2}"):
+        assert normalize_answer(untouched) == untouched
+
+
+def test_math500_reference_solutions_score_correct():
+    """Every MATH-500 reference solution (last box = the answer) must grade correct against its own answer."""
+    rows = read_jsonl(REPO_ROOT / "data" / "benchmarks" / "math500.jsonl")[::5]
+    scores = score_batch([r["solution"] for r in rows], [r["answer"] for r in rows], "math_verify", TIMEOUT_S)
+    assert [r["id"] for r, s in zip(rows, scores, strict=True) if not s.correct] == []
+
+
+def test_forked_child_gets_its_own_worker():
+    import multiprocessing
+
+    score_math_verify("\\boxed{1}", "1", TIMEOUT_S)  # the parent's worker exists before the fork
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child = pool.apply(score_math_verify, ("\\boxed{4}", "4", TIMEOUT_S))
+    assert child.correct
+    assert score_math_verify("\\boxed{5}", "5", TIMEOUT_S).correct  # the parent's worker is untouched

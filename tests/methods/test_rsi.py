@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from harness.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
-from methods.rsi import RSI
+from methods.rsi import RSI, relative_surprisal_index
 from methods.uniform import Uniform
 
 CTX = StepContext(clip_eps_low=0.2, clip_eps_high=0.28)
@@ -27,6 +27,27 @@ def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high)
     return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rsi_is_the_local_ratio_of_gradient_norm_and_entropy_variations(seed):
+    # METHODS.md Sec. 4a (derived): under a perturbation of the selected logit, d ln||p - e_y|| / d ln H = 1/(1 - RSI)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(7, generator=g, dtype=torch.float64) * 2
+    y = int(torch.randint(0, 7, (1,), generator=g))
+
+    def log_norm_and_log_entropy(delta):
+        z = logits.clone()
+        z[y] += delta
+        p = torch.softmax(z, 0)
+        return torch.log(torch.linalg.vector_norm(p - torch.nn.functional.one_hot(torch.tensor(y), 7))), \
+            torch.log(-(p * torch.log(p)).sum())
+
+    h = 1e-6
+    (n1, e1), (n0, e0) = log_norm_and_log_entropy(h), log_norm_and_log_entropy(-h)
+    p = torch.softmax(logits, 0)
+    rsi = relative_surprisal_index(torch.log(p[y]).view(1, 1), -(p * torch.log(p)).sum().view(1, 1))
+    assert float((n1 - n0) / (e1 - e0)) == pytest.approx(float(1 / (1 - rsi)), rel=1e-5)
 
 
 def test_hand_cases_and_inclusive_band_ends():

@@ -1,0 +1,308 @@
+"""Statistics for the leaderboard: bootstrap intervals over seeds and problems, paired differences to the baseline,
+probability of improvement, and aggregates over benchmarks. Pure functions over numpy arrays; no I/O.
+
+Data. For one method, checkpoint and benchmark the evidence is a matrix ``scores`` (S, P): S seeds (the unit of
+replication: one trained model each) by P problems (the unit of evaluation), each cell the mean correctness of the
+k sampled completions of that problem (avg@k of one problem). Every method of a sweep shares the seeds' indices
+(the sweep's seed list) and the benchmark's problems, so two methods' matrices are paired cell by cell.
+
+Stratified bootstrap (the one resampling scheme behind every interval here). A replicate draws S seed indices with
+replacement (shared by all benchmarks: one seed is one model evaluated on every benchmark) and, for each benchmark
+separately (the strata), P_b problem indices with replacement. Seeds and problems are crossed, not nested;
+resampling both is the "pigeonhole" bootstrap (McCullagh 2000, Ann. Statist. 28(2)). As weights, with c_i the
+number of times unit i of n was drawn:
+
+    w_i = 1/n + sqrt(n / (n - 1)) * (c_i / n - 1/n)        (n > 1; w_i = 1 when n = 1)
+
+the rescaled bootstrap of Rao & Wu (1988, JASA 83(401)): the plain weights c_i / n give the mean a bootstrap variance
+of (n - 1)/n times the unbiased one, which with 3 seeds is 2/3 of it, and the seed term dominates the paired
+difference of two methods. A replicate of a mean is ``seed_weights[b] @ scores @ problem_weights[b]`` (linear, so
+the rescaled weights, which can be slightly negative, are exact). The rank-based statistics (IQM, P(X > Y)) resample
+seeds with the plain counts (``seed_indices``). Intervals are percentile intervals (rliable's default), clipped to
+the range the quantity can take. One ``BootstrapPlan`` is drawn per report and used for every method, so
+differences between methods are paired: the replicate of a difference is the difference of the replicates.
+
+Known limit, measured in tests/test_stats.py: with one seed, the seed-to-seed variance is invisible (the interval
+covers problem sampling only); with 2-3 seeds and a large seed spread the interval is still somewhat too narrow
+(the percentile interval has no t-like tails).
+
+rliable (Agarwal et al. 2021, arXiv:2108.13264) is not a dependency: it installs (with arch, statsmodels, patsy and
+formulaic), but its stratified bootstrap resamples runs within tasks only, not the problems inside a benchmark, so
+it cannot draw the crossed seed x problem resample above. The formulas taken from it (IQM, probability of
+improvement, percentile intervals) are a few lines of numpy each, written out below; the probability of
+improvement is checked against scipy's Mann-Whitney U in tests/test_stats.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+IQM_TRIM = 0.25  # interquartile mean: drop the lowest and the highest 25% (rliable)
+SCORE_RANGE = (0.0, 1.0)  # per-problem scores are fractions of correct samples
+DIFFERENCE_RANGE = (-1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its (low, high) percentile bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+
+    def covers(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+@dataclass(frozen=True)
+class BootstrapPlan:
+    """The resample weights shared by every method of a report (so comparisons are paired).
+
+    ``seed_weights`` (B, S) and ``problem_weights[bench]`` (B, P_b): Rao-Wu rescaled weights; rows sum to 1.
+    ``seed_indices`` (B, S): the drawn seed indices themselves, for the rank-based statistics.
+    """
+
+    seed_weights: np.ndarray
+    problem_weights: Mapping[str, np.ndarray]
+    seed_indices: np.ndarray
+
+    @property
+    def seed_counts(self) -> np.ndarray:
+        """(B, S) plain resample weights c_s / S (non-negative), for P(X > Y)."""
+        n = self.n_seeds
+        offsets = n * np.arange(self.n_resamples)[:, None]
+        counts = np.bincount((self.seed_indices + offsets).ravel(), minlength=self.n_resamples * n)
+        return counts.reshape(self.n_resamples, n) / n
+
+    @property
+    def n_resamples(self) -> int:
+        return self.seed_weights.shape[0]
+
+    @property
+    def n_seeds(self) -> int:
+        return self.seed_weights.shape[1]
+
+
+# --- per-problem scores -------------------------------------------------------------------------------------------
+
+
+def per_problem_scores(samples: Iterable[Mapping], mode: str = "sampled") -> dict[str, float]:
+    """Rows of ``samples.jsonl`` -> {problem id: mean correctness of its ``mode`` samples}.
+
+    Problems with an ungradable sample are left out, as ``harness.evaluate.summarize`` leaves them out of avg@k.
+    """
+    correct: dict[str, list[bool]] = {}
+    ungradable: set[str] = set()
+    for row in samples:
+        if row["mode"] != mode:
+            continue
+        pid = str(row["id"])
+        correct.setdefault(pid, []).append(bool(row["correct"]))
+        if not row.get("gradable", True):
+            ungradable.add(pid)
+    return {pid: sum(c) / len(c) for pid, c in correct.items() if pid not in ungradable}
+
+
+def score_matrix(per_seed: Sequence[Mapping[str, float]], problem_ids: Sequence[str]) -> np.ndarray:
+    """Per-seed {problem id: score} -> (S, P) in ``problem_ids`` order; a missing problem raises."""
+    matrix = np.empty((len(per_seed), len(problem_ids)))
+    for i, scores in enumerate(per_seed):
+        missing = [pid for pid in problem_ids if pid not in scores]
+        if missing:
+            raise ValueError(f"seed index {i}: no score for problem(s) {missing[:5]} (of {len(missing)})")
+        matrix[i] = [scores[pid] for pid in problem_ids]
+    return matrix
+
+
+# --- resampling ---------------------------------------------------------------------------------------------------
+
+
+def resample_counts(rng: np.random.Generator, n: int, n_resamples: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n_resamples`` draws of n indices with replacement from range(n): (indices (B, n), counts (B, n))."""
+    indices = rng.integers(0, n, size=(n_resamples, n))
+    offsets = n * np.arange(n_resamples)[:, None]  # one bincount for all rows: row b's bins are [b n, (b+1) n)
+    counts = np.bincount((indices + offsets).ravel(), minlength=n_resamples * n).reshape(n_resamples, n)
+    return indices, counts
+
+
+def rescaled_weights(counts: np.ndarray) -> np.ndarray:
+    """Rao & Wu (1988) weights 1/n + sqrt(n/(n-1)) (c/n - 1/n) from resample counts (B, n); c/n when n = 1."""
+    n = counts.shape[-1]
+    plain = counts / n
+    if n == 1:
+        return plain
+    return 1 / n + np.sqrt(n / (n - 1)) * (plain - 1 / n)
+
+
+def make_plan(n_seeds: int, n_problems: Mapping[str, int], n_resamples: int = N_RESAMPLES,
+              seed: int = 0) -> BootstrapPlan:
+    """Draw the stratified resample: seeds once (shared by benchmarks), problems within each benchmark."""
+    if n_seeds < 1 or any(n < 1 for n in n_problems.values()):
+        raise ValueError(f"make_plan needs at least one seed and one problem per benchmark, got n_seeds={n_seeds}, "
+                         f"n_problems={dict(n_problems)}")
+    rng = np.random.default_rng(seed)
+    seed_indices, seed_counts = resample_counts(rng, n_seeds, n_resamples)
+    problem_weights = {}
+    for bench in sorted(n_problems):  # sorted: the draw must not depend on dict order
+        _, counts = resample_counts(rng, n_problems[bench], n_resamples)
+        problem_weights[bench] = rescaled_weights(counts)
+    return BootstrapPlan(rescaled_weights(seed_counts), problem_weights, seed_indices)
+
+
+def single_seed_plan(plan: BootstrapPlan) -> BootstrapPlan:
+    """The same problem resamples for a one-seed row (the warm start): its seed weight is always 1."""
+    ones = np.ones((plan.n_resamples, 1))
+    return BootstrapPlan(ones, plan.problem_weights, np.zeros((plan.n_resamples, 1), dtype=int))
+
+
+def percentile_bounds(replicates: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+    """The (1-c)/2 and (1+c)/2 quantiles of replicates (..., B) along the last axis."""
+    alpha = 100 * (1 - confidence) / 2
+    low, high = np.percentile(replicates, [alpha, 100 - alpha], axis=-1)
+    return low, high
+
+
+def percentile_interval(estimate: float, replicates: np.ndarray, confidence: float = CONFIDENCE,
+                        bounds: tuple[float, float] | None = None) -> Interval:
+    """Percentile interval around the plug-in estimate, clipped to ``bounds`` (the range the quantity can take)."""
+    low, high = percentile_bounds(replicates, confidence)
+    if bounds is not None:
+        low, high = np.clip([low, high], *bounds)
+    return Interval(float(estimate), float(low), float(high))
+
+
+def bootstrap_means(scores: np.ndarray, seed_weights: np.ndarray, problem_weights: np.ndarray) -> np.ndarray:
+    """Replicates of the grand mean of ``scores`` (..., S, P) -> (..., B); leading axes are independent data sets.
+
+    mean_b = sum_s sum_p w_seed[b, s] X[s, p] w_problem[b, p]
+    """
+    assert scores.shape[-2:] == (seed_weights.shape[1], problem_weights.shape[1]), (
+        scores.shape, seed_weights.shape, problem_weights.shape)
+    per_seed = scores @ problem_weights.T  # (..., S, B): each seed's mean over the resampled problems
+    return np.einsum("...sb,bs->...b", per_seed, seed_weights)
+
+
+# --- one benchmark ------------------------------------------------------------------------------------------------
+
+
+def mean_interval(scores: np.ndarray, plan: BootstrapPlan, bench: str, confidence: float = CONFIDENCE,
+                  bounds: tuple[float, float] = SCORE_RANGE) -> Interval:
+    """Mean of (S, P) scores with its stratified-bootstrap interval."""
+    replicates = bootstrap_means(scores, plan.seed_weights, plan.problem_weights[bench])
+    return percentile_interval(scores.mean(), replicates, confidence, bounds)
+
+
+def paired_difference(scores: np.ndarray, baseline: np.ndarray, plan: BootstrapPlan, bench: str,
+                      confidence: float = CONFIDENCE) -> Interval:
+    """mean(scores) - mean(baseline) over the same seed indices and problems, with its paired interval.
+
+    Seed index i of both matrices is the sweep's i-th seed (same data order and initial randomness unless a
+    label sets ``seed_offset``); the same resample (seeds and problems) is applied to both, which is the bootstrap
+    of the cell-wise difference D = X - X_baseline.
+    """
+    if scores.shape != baseline.shape:
+        raise ValueError(f"paired_difference: shapes differ, {scores.shape} vs baseline {baseline.shape}; "
+                         "both need the same seeds and problems")
+    return mean_interval(scores - baseline, plan, bench, confidence, DIFFERENCE_RANGE)
+
+
+def improvement_probability(x: np.ndarray, y: np.ndarray, x_weights: np.ndarray | None = None,
+                            y_weights: np.ndarray | None = None) -> np.ndarray:
+    """P(X > Y) between run scores x (..., N) and y (..., M): the Mann-Whitney statistic (rliable).
+
+    P = sum_i sum_j wx_i wy_j S(x_i, y_j), S = 1 if x > y, 1/2 if equal, 0 otherwise; weights default to 1/N, 1/M.
+    """
+    versus = (x[..., :, None] > y[..., None, :]) + 0.5 * (x[..., :, None] == y[..., None, :])  # (..., N, M)
+    if x_weights is None and y_weights is None:
+        return versus.mean(axis=(-2, -1))
+    x_weights = np.full(x.shape[-1], 1 / x.shape[-1]) if x_weights is None else x_weights
+    y_weights = np.full(y.shape[-1], 1 / y.shape[-1]) if y_weights is None else y_weights
+    return np.einsum("...ij,...i,...j->...", versus, x_weights, y_weights)
+
+
+def improvement_replicates(scores: np.ndarray, baseline: np.ndarray, plan: BootstrapPlan, bench: str) -> np.ndarray:
+    """Replicates (B,) of P(X > Y) over seeds: per-seed scores on the resampled problems, seeds resampled."""
+    x = (scores @ plan.problem_weights[bench].T).T  # (B, S) per-seed means on the resampled problems
+    y = (baseline @ plan.problem_weights[bench].T).T
+    return improvement_probability(x, y, plan.seed_counts, plan.seed_counts)  # rank-based: plain counts
+
+
+def improvement_interval(scores: np.ndarray, baseline: np.ndarray, plan: BootstrapPlan, bench: str,
+                         confidence: float = CONFIDENCE) -> Interval:
+    """P(X > Y): the probability that a seed of this method beats a seed of the baseline on this benchmark."""
+    estimate = improvement_probability(scores.mean(axis=1), baseline.mean(axis=1))
+    return percentile_interval(float(estimate), improvement_replicates(scores, baseline, plan, bench), confidence)
+
+
+def verdict(difference: Interval) -> str:
+    """'better' / 'worse' when the difference interval excludes zero; 'tied' when it covers zero."""
+    if difference.low > 0:
+        return "better"
+    if difference.high < 0:
+        return "worse"
+    return "tied"
+
+
+# --- over benchmarks (rliable's aggregates) -----------------------------------------------------------------------
+
+
+def iqm(values: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """Interquartile mean: the mean of the middle 50% (scipy's trim_mean, 25% cut at each end), as rliable."""
+    return scipy_stats.trim_mean(values, IQM_TRIM, axis=axis)
+
+
+def aggregate_intervals(scores: Mapping[str, np.ndarray], plan: BootstrapPlan,
+                        confidence: float = CONFIDENCE) -> dict[str, Interval]:
+    """Over benchmarks: 'mean' = unweighted mean of the per-benchmark means (each benchmark counts once, whatever
+    its size); 'iqm' = IQM of the S x M per-seed, per-benchmark scores (rliable's run-by-task IQM).
+
+    The replicates resample seeds once for all benchmarks and problems within each (the strata).
+    """
+    benches = sorted(scores)
+    replicate_means = np.stack([bootstrap_means(scores[b], plan.seed_weights, plan.problem_weights[b])
+                                for b in benches])  # (M, B)
+    point_means = np.array([scores[b].mean() for b in benches])
+    per_seed = np.stack([scores[b].mean(axis=1) for b in benches], axis=-1)  # (S, M)
+    per_seed_replicates = np.stack([(scores[b] @ plan.problem_weights[b].T).T for b in benches], axis=-1)  # (B,S,M)
+    resampled = np.take_along_axis(per_seed_replicates, plan.seed_indices[:, :, None], axis=1)  # (B, S, M)
+    iqm_replicates = iqm(resampled.reshape(plan.n_resamples, -1), axis=1)
+    return {"mean": percentile_interval(point_means.mean(), replicate_means.mean(axis=0), confidence, SCORE_RANGE),
+            "iqm": percentile_interval(float(iqm(per_seed.ravel())), iqm_replicates, confidence, SCORE_RANGE)}
+
+
+def aggregate_difference(scores: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray],
+                         plan: BootstrapPlan, confidence: float = CONFIDENCE) -> Interval:
+    """Paired difference of the benchmark-averaged means (each benchmark weighted equally)."""
+    benches = sorted(scores)
+    differences = {b: scores[b] - baseline[b] for b in benches}
+    replicates = np.mean([bootstrap_means(differences[b], plan.seed_weights, plan.problem_weights[b])
+                          for b in benches], axis=0)
+    return percentile_interval(np.mean([differences[b].mean() for b in benches]), replicates, confidence,
+                               DIFFERENCE_RANGE)
+
+
+def aggregate_improvement(scores: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray],
+                          plan: BootstrapPlan, confidence: float = CONFIDENCE) -> Interval:
+    """rliable's P(X > Y) over tasks: the mean over benchmarks of the per-benchmark probability of improvement."""
+    benches = sorted(scores)
+    estimate = np.mean([improvement_probability(scores[b].mean(axis=1), baseline[b].mean(axis=1)) for b in benches])
+    replicates = np.mean([improvement_replicates(scores[b], baseline[b], plan, b) for b in benches], axis=0)
+    return percentile_interval(float(estimate), replicates, confidence)
+
+
+# --- ranking ------------------------------------------------------------------------------------------------------
+
+
+def separation_ranks(labels: Sequence[str], differences: Mapping[tuple[str, str], Interval]) -> dict[str, int]:
+    """Rank = 1 + the number of methods whose paired difference against this one is significantly positive.
+
+    ``differences[(a, b)]`` is mean(a) - mean(b). Methods no other method separates from share rank 1; equal ranks
+    mean "not separated by the intervals" (ties need not be transitive: A may beat C while both tie with B).
+    """
+    return {b: 1 + sum(verdict(differences[(a, b)]) == "better" for a in labels if a != b) for b in labels}

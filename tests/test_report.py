@@ -1,0 +1,247 @@
+"""harness.report on a synthetic sweep: the files exist, the CSV numbers are what the samples give, the A/A pair is
+tied and the real improvement is not, reported numbers sit beside ours, and report.html is self-contained."""
+
+import ast
+import csv
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from report_fixture import BENCHES, LABELS, build_sweep
+
+from harness import html_report, report
+from harness.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTED = """
+source: "A paper, Table 2"
+metric: avg@16
+protocol: "Qwen2.5-Math-7B, 16 samples at T = 0.6"
+differences:
+  - "we sample k = 4, not 16"
+  - "tiny char-level model instead of Qwen2.5-Math-7B"
+numbers:
+  uniform: {arith: 40.5, arith_ood: 50.0}
+  entropy: {arith: 70.0}
+  gmts: {arith: 80.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    resolved, paths = build_sweep(tmp)
+    reported_file = tmp / "reported.yaml"
+    reported_file.write_text(REPORTED)
+    written = report.write_leaderboard(resolved, paths, reported_file=reported_file)
+    return resolved, paths, written
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def per_problem_means(folder: Path, mode: str) -> dict[str, float]:
+    correct: dict[str, list[bool]] = {}
+    for line in (folder / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["mode"] == mode:
+            correct.setdefault(row["id"], []).append(row["correct"])
+    return {pid: statistics.fmean(v) for pid, v in correct.items()}
+
+
+def test_writes_tables_figures_and_html(sweep):
+    _, paths, written = sweep
+    names = {p.relative_to(paths.root).as_posix() for p in written}
+    assert {"leaderboard.md", "leaderboard.csv", "leaderboard_runs.csv", "leaderboard.json", "report.html"} <= names
+    figures = {n for n in names if n.startswith("figures/")}
+    assert {"figures/accuracy_vs_steps.png", "figures/accuracy_vs_generated.png", "figures/accuracy_vs_forwarded.png",
+            "figures/per_benchmark.png", "figures/difference_to_baseline.png", "figures/training_curves.png"} == figures
+    for name in names:
+        assert (paths.root / name).stat().st_size > 0
+    for name in figures:
+        assert (paths.root / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_csv_numbers_equal_what_the_samples_give(sweep):
+    resolved, paths, _ = sweep
+    rows = read_csv(paths.root / "leaderboard.csv")
+    seeds = resolved.sweep.seeds
+    for row in rows:
+        if row["statistic"] != "mean":
+            continue
+        mode = "greedy" if row["metric"] == "greedy" else "sampled"
+        label = row["method"]
+        run_seeds = [0] if label == "warmstart" else seeds
+        benches = list(BENCHES) if row["bench"] == "all" else [row["bench"]]
+        per_bench = []
+        for bench in benches:
+            per_seed = [statistics.fmean(per_problem_means(paths.eval_dir(label, s, row["ckpt"], bench), mode).values())
+                        for s in run_seeds]
+            per_bench.append(statistics.fmean(per_seed))
+        assert float(row["estimate"]) == pytest.approx(statistics.fmean(per_bench)), row
+        assert float(row["ci_low"]) <= float(row["estimate"]) <= float(row["ci_high"])
+        assert int(row["n_seeds"]) == len(run_seeds)
+        assert int(row["n_problems"]) == sum(BENCHES[b] for b in benches)
+        assert int(row["k"]) == (1 if mode == "greedy" else 4)
+    # the paired difference is the difference of the two estimates
+    by_key = {(r["ckpt"], r["method"], r["bench"], r["metric"], r["statistic"]): r for r in rows}
+    for (ckpt, _, bench, metric, statistic), row in by_key.items():
+        if row["diff"]:
+            base = by_key[(ckpt, "uniform", bench, metric, statistic)]
+            assert float(row["diff"]) == pytest.approx(float(row["estimate"]) - float(base["estimate"]))
+
+
+def test_realised_budget_columns(sweep):
+    _, paths, _ = sweep
+    rows = read_csv(paths.root / "leaderboard.csv")
+    for row in rows:
+        if row["method"] == "warmstart":
+            assert float(row["spent/steps"]) == 0
+            continue
+        index = list(LABELS).index(row["method"])
+        steps = {"ckpt-050": 2, "ckpt-100": 4}[row["ckpt"]]
+        assert float(row["spent/steps"]) == steps
+        assert float(row["spent/tokens/generated"]) == (1000 - 10 * index) * steps  # metrics.jsonl at that step
+        assert float(row["spent/tokens/forwarded"]) == 1500 * steps
+    runs = read_csv(paths.root / "leaderboard_runs.csv")
+    assert len(runs) == (1 + len(LABELS) * 3 * 2) * len(BENCHES)
+    for row in runs:
+        results = json.loads((paths.root / row["results_file"]).read_text())
+        assert float(row["avg@k"]) == pytest.approx(results["metrics"]["avg@4"])
+        assert float(row["greedy_accuracy"]) == pytest.approx(results["metrics"]["greedy_accuracy"])
+
+
+def test_aa_pair_is_tied_and_the_real_improvement_is_not(sweep):
+    _, paths, _ = sweep
+    rows = read_csv(paths.root / "leaderboard.csv")
+    avg = [r for r in rows if r["metric"] == "avg@4" and r["statistic"] == "mean" and r["method"] != "warmstart"]
+    assert {r["verdict"] for r in avg if r["method"] == "uniform-aa"} == {"tied"}
+    assert {r["verdict"] for r in avg if r["method"] == "entropy"} == {"better"}
+    assert {r["verdict"] for r in avg if r["method"] == "uniform"} == {""}  # the baseline itself
+    ranks = {r["method"]: int(r["rank"]) for r in avg if r["bench"] == "all" and r["ckpt"] == "ckpt-100"}
+    assert ranks == {"entropy": 1, "uniform": 2, "uniform-aa": 2}
+    md = (paths.root / "leaderboard.md").read_text()
+    assert "A/A `uniform-aa` vs `uniform` at ckpt-100: tied (calibrated)" in md
+    assert "NOT tied" not in md and "Budget not matched" not in md
+
+
+def test_markdown_has_the_budget_fractions_and_reference_row(sweep):
+    _, paths, _ = sweep
+    md = (paths.root / "leaderboard.md").read_text()
+    assert "## Full budget (ckpt-100)" in md and "## 50% of the budget (ckpt-050)" in md
+    assert "warmstart (reference, step 0)" in md
+    assert "![accuracy_vs_steps](figures/accuracy_vs_steps.png)" in md
+    table_lines = [line for line in md.splitlines() if line.startswith("|")]
+    widths = {line.count(" | ") for line in table_lines if "n_seeds" in line}
+    assert widths and all(w > 5 for w in widths)
+    assert "spent_flops" in md  # an extra run.json budget key is shown, not an error
+
+
+def test_reported_numbers_sit_beside_ours(sweep):
+    _, paths, _ = sweep
+    rows = read_csv(paths.root / "leaderboard.csv")
+    final = {(r["method"], r["bench"]): r for r in rows if r["ckpt"] == "ckpt-100" and r["metric"] == "avg@4"
+             and r["statistic"] == "mean"}
+    assert float(final[("uniform", "arith")]["reported"]) == pytest.approx(0.405)
+    assert float(final[("entropy", "arith")]["reported"]) == pytest.approx(0.70)
+    assert final[("entropy", "arith_ood")]["reported"] == ""
+    md = (paths.root / "leaderboard.md").read_text()
+    assert "| reported |" in md
+    assert "- we sample k = 4, not 16" in md and "Qwen2.5-Math-7B, 16 samples at T = 0.6" in md
+    assert "Reported but not in this sweep: gmts/arith." in md
+    page = (paths.root / "report.html").read_text()
+    assert "we sample k = 4, not 16" in page
+
+
+def test_reported_file_errors_name_the_key(tmp_path):
+    assert report.load_reported(tmp_path / "absent.yaml") is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("numbers: {uniform: {arith: 140}}\n")
+    with pytest.raises(ConfigError, match=r"numbers\.uniform\.arith"):
+        report.load_reported(bad)
+    bad.write_text("numbrs: {}\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        report.load_reported(bad)
+    good = tmp_path / "good.json"  # JSON is accepted too
+    good.write_text(json.dumps({"source": "x", "numbers": {"uniform": {"arith": 12.5}}}))
+    assert report.load_reported(good).get("uniform", "arith") == 12.5
+
+
+def test_html_is_self_contained_with_highlights_and_provenance(sweep):
+    _, paths, _ = sweep
+    page = (paths.root / "report.html").read_text()
+    assert "<script" not in page.lower()
+    assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", page)
+    assert page.count("src='data:image/png;base64,") == 6
+    assert "class='tok' style='background" in page and "title='entropy" in page
+    assert "Q: &lt;b&gt;3-1&lt;/b&gt;" in page  # prompts are escaped
+    for text in ("ranking scope is the update batch", "0" * 40, "1.5e+12", "config of uniform/seed0",
+                 "seaborn (report)", "abababab"):
+        assert text in page
+
+
+def test_dropped_rollouts_are_greyed_and_zero_weights_uncoloured():
+    batch = {"completion_mask": [[1, 1, 0]], "completion_tokens": [["a", "Ċb", "<pad>"]], "entropy": [[1.0, 2.0, 0]],
+             "completion_ids": [[5, 6, 0]]}
+    kept = html_report.highlight_rollout(batch, 0, "m", {"weights": [[0.0, 2.0, 0.0]], "advantages": [[1, 1, 0]],
+                                                         "keep": [1]})
+    assert "<span class='tok' title='entropy 1.000 | weight 0 | advantage +1.000'>a</span>" in kept
+    assert "background: rgba(230,120,20" in kept and "↵\nb" in kept and "&lt;pad&gt;" not in kept
+    dropped = html_report.highlight_rollout(batch, 0, "m", {"weights": [[1.0, 1.0, 0.0]],
+                                                            "advantages": [[0, 0, 0]], "keep": [0]})
+    assert "tokrow dropped" in dropped and "background" not in dropped and "(dropped)" in dropped
+
+
+def test_rollouts_for_highlights_are_fixed_and_informative():
+    batch = {"rewards": [0, 0, 1, 0, 0, 0, 1, 1, 0], "group_ids": [0, 0, 0, 1, 1, 1, 2, 2, 2]}
+    assert html_report.choose_rollouts(batch, 4) == [2, 0, 6, 8]  # best and worst of the mixed groups
+    assert html_report.choose_rollouts(batch, 6) == [2, 0, 6, 8, 3]  # then the first of the others
+
+
+def test_report_is_deterministic(sweep, tmp_path):
+    resolved, paths, _ = sweep
+    again = report.summarize(report.read_sweep(resolved, paths))
+    assert again == report.summarize(report.read_sweep(resolved, paths))
+
+
+def test_missing_results_name_the_file(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
+    (paths.eval_dir("entropy", 0, "ckpt-100", "arith") / "results.json").unlink()
+    with pytest.raises(FileNotFoundError, match="entropy/seed0/ckpt-100/arith/results.json"):
+        report.write_leaderboard(resolved, paths)
+
+
+def test_unmatched_budgets_are_flagged(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
+    run_file = paths.run_dir("entropy", 0) / "run.json"
+    run = json.loads(run_file.read_text())
+    run["budget"]["spent_steps"] = 3
+    run_file.write_text(json.dumps(run))
+    assert report.budget_warnings(report.read_sweep(resolved, paths)) == ["entropy/seed0 spent 3 steps of its 4"]
+    run["budget"]["amount"] = 8.0
+    run_file.write_text(json.dumps(run))
+    assert "different budgets" in report.budget_warnings(report.read_sweep(resolved, paths))[0]
+
+
+def test_one_seed_sweep_says_so(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
+    summary = report.summarize(report.read_sweep(resolved, paths), n_resamples=200)
+    assert {r["n_seeds"] for r in summary} == {1}
+    note = report.protocol_note(report.read_sweep(resolved, paths), resolved, 200)
+    assert "One seed only" in note
+
+
+def test_report_modules_never_import_the_trainer_or_trl():
+    for name in ("stats", "report", "plots", "html_report"):
+        tree = ast.parse((REPO / "harness" / f"{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not any(m.split(".")[0] in {"trl", "transformers"} or m in {"harness.trainer", "harness.train"}
+                       for m in imported), (name, imported)
+    stats_imports = ast.parse((REPO / "harness" / "stats.py").read_text())
+    assert not [n for n in ast.walk(stats_imports) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+        "harness")]

@@ -1,0 +1,60 @@
+"""report.html in headless Chromium: no console errors, no failed request, every image decoded; a screenshot for eyes.
+
+Debian's chromium (``apt-get install chromium``; ``.ci/run`` installs it) driven by playwright's Python API. The
+page must be self-contained, so network access is refused outright and any request other than the file itself or
+a data URI fails the test.
+"""
+
+from pathlib import Path
+
+import pytest
+from report_fixture import build_sweep
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                     "(apt-get install -y chromium; .ci/run does this)"),
+]
+
+
+def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from harness.report import write_leaderboard
+
+    resolved, paths = build_sweep(tmp_path)
+    write_leaderboard(resolved, paths, n_resamples=300)
+    page_file = paths.root / "report.html"
+
+    errors, requests = [], []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.new_page()
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(page_file.as_uri(), wait_until="load")
+            images = page.eval_on_selector_all(
+                "img", "imgs => imgs.map(i => ({src: i.src.slice(0, 30), complete: i.complete, "
+                       "width: i.naturalWidth}))")
+            tables = page.locator("table").count()
+            highlighted = page.locator(".tokens .tok[title*='weight']").count()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        finally:
+            context.close()
+
+    assert errors == []
+    assert len(images) >= 4
+    assert all(img["complete"] and img["width"] > 0 for img in images), images
+    assert all(img["src"].startswith("data:image/png;base64,") for img in images)
+    assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
+    assert tables >= 5 and highlighted > 0
