@@ -1,4 +1,4 @@
-"""The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed, ckpt, bench) -> report.
+"""The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed, ckpt: every benchmark) -> report.
 
 A bare `snakemake --cores 2` runs configs/sweeps/default.yaml. Another sweep: `--configfile configs/sweeps/X.yaml`.
 Overrides: `--config set="train.learning_rate=1e-4 eval.k=2"` or `--config 'train={learning_rate: 1e-4}'`.
@@ -32,7 +32,7 @@ HARNESS = f"harness {{cmd}} --sweep {SWEEP_FILE}"
 CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
 BENCHES = sorted(PRESET.eval.benchmarks)
 DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
-                (["train.jsonl", "eval.jsonl", "ood.jsonl"] if PRESET.data.kind == "synthetic" else ["train.jsonl"])]
+                (["train.jsonl"] if PRESET.data.kind == "jsonl" else ["train.jsonl", "eval.jsonl", "ood.jsonl"])]
 
 
 def digest(obj) -> str:
@@ -53,7 +53,6 @@ wildcard_constraints:
     method=r"[A-Za-z0-9_\-]+",
     seed=r"\d+",
     ckpt=r"ckpt-\d{3}",
-    bench=r"[A-Za-z0-9_]+",
 
 
 def eval_targets():
@@ -127,18 +126,18 @@ rule eval:
     input:
         eval_input,
     output:
-        f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{{bench}}/results.json",
-        f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{{bench}}/samples.jsonl",
+        [f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{bench}/{name}" for bench in BENCHES
+         for name in ("results.json", "samples.jsonl")],
     log:
-        f"{ROOT}/logs/eval/{{method}}_seed{{seed}}_{{ckpt}}_{{bench}}.log",
+        f"{ROOT}/logs/eval/{{method}}_seed{{seed}}_{{ckpt}}.log",
     benchmark:
-        f"{ROOT}/benchmarks/eval/{{method}}_seed{{seed}}_{{ckpt}}_{{bench}}.tsv"
+        f"{ROOT}/benchmarks/eval/{{method}}_seed{{seed}}_{{ckpt}}.tsv"
     params:
         cfg=EVAL_DIGEST,
     threads: PRESET.eval.threads
     shell:
         HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
-        " --bench {wildcards.bench} > {log} 2>&1"
+        " --bench all > {log} 2>&1"
 
 
 rule report:

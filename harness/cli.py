@@ -57,23 +57,29 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
+    import torch
+
     from harness.evaluate import evaluate_benchmark
 
     resolved, paths = _resolve(args)
+    torch.set_num_threads(resolved.preset.eval.threads)
     benchmarks = resolved.preset.eval.benchmarks
-    if args.bench not in benchmarks:
-        raise ConfigError(f"--bench {args.bench!r} is not a benchmark of sweep {resolved.sweep.name!r}; "
-                          f"allowed: {sorted(benchmarks)}")
-    bench = benchmarks[args.bench]
-    data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
-    if not data_file.is_absolute():
-        data_file = CONFIG_DIR.parent / data_file
+    names = sorted(benchmarks) if args.bench == ["all"] else args.bench
+    unknown = sorted(set(names) - set(benchmarks))
+    if unknown:
+        raise ConfigError(f"--bench {unknown} not benchmarks of sweep {resolved.sweep.name!r}; "
+                          f"allowed: {sorted(benchmarks)} or 'all'")
     model_dir = Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, args.ckpt)
-    out_dir = Path(args.out) if args.out else paths.eval_dir(args.label, args.seed, args.ckpt, args.bench)
-    results = evaluate_benchmark(model_dir, args.bench, bench, data_file, resolved.preset.eval,
-                                 resolved.preset.prompt_template, out_dir)
-    shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
-    print(f"{args.bench} on {model_dir}: {shown}")
+    for name in names:  # one process for every benchmark of a checkpoint: the model and lm-eval load once
+        bench = benchmarks[name]
+        data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
+        if not data_file.is_absolute():
+            data_file = CONFIG_DIR.parent / data_file
+        out_dir = Path(args.out) / name if args.out else paths.eval_dir(args.label, args.seed, args.ckpt, name)
+        results = evaluate_benchmark(model_dir, name, bench, data_file, resolved.preset.eval,
+                                     resolved.preset.prompt_template, out_dir)
+        shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
+        print(f"{name} on {model_dir}: {shown}")
 
 
 def cmd_report(args) -> None:
@@ -118,12 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate one checkpoint on one benchmark")
     _sweep_args(p)
-    p.add_argument("--bench", required=True)
+    p.add_argument("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'")
     p.add_argument("--label", default="warmstart", help="method label of the run (or 'warmstart')")
     p.add_argument("--seed", default="0")
     p.add_argument("--ckpt", default="ckpt-100")
     p.add_argument("--model-dir", help="evaluate this model directory instead of a run's checkpoint")
-    p.add_argument("--out", help="output directory (default: the sweep's eval path)")
+    p.add_argument("--out", help="output directory, one sub-directory per benchmark (default: the sweep's paths)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("report", help="render the leaderboard from the sweep's eval results")

@@ -73,14 +73,14 @@ class SyntheticConfig:
 
 @dataclass
 class DataConfig:
-    """Training prompts: generated (synthetic) or a JSONL file of {id, problem, answer} rows."""
+    """Training prompts: generated (synthetic), a JSONL file of {id, problem, answer} rows, or both (mixed)."""
 
     kind: str = "synthetic"
     train_file: str = ""  # jsonl: path relative to the repo root
     max_train_rows: int = 0  # jsonl: 0 = all
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
-    CHOICES = {"kind": ("synthetic", "jsonl")}
+    CHOICES = {"kind": ("synthetic", "jsonl", "mixed")}
     RANGES = {"max_train_rows": (0, None)}
 
 
@@ -99,14 +99,28 @@ class WarmstartConfig:
 
 @dataclass
 class BudgetConfig:
-    """The compute each run may spend. kind=steps counts optimizer steps."""
+    """The compute every run of a sweep may spend (harness/budget.py says how each kind is counted).
+
+    flops: analytic FLOPs of generation, scoring and training; accel_seconds: measured seconds (CUDA events on a
+    GPU, process time on CPU); tokens: every token the model processed; samples: rollouts; steps: optimizer steps.
+    A run stops after the step at which spent >= amount (overshoot: at most one step) and saves the model when
+    the spend first reaches each fraction of ``checkpoint_fractions``; each such checkpoint is evaluated.
+    """
 
     kind: str = "steps"
     amount: float = 40.0
-    checkpoint_fractions: list[float] = field(default_factory=lambda: [1.0])
+    checkpoint_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    max_steps: int = 100_000  # safety cap on optimizer steps for budgets that are not counted in steps
 
-    CHOICES = {"kind": ("steps",)}
-    RANGES = {"amount": (0.0, None)}
+    CHOICES = {"kind": ("flops", "accel_seconds", "tokens", "samples", "steps")}
+    RANGES = {"amount": (1e-12, None), "max_steps": (1, None)}
+
+    def __post_init__(self):
+        fractions = list(self.checkpoint_fractions)
+        if not fractions or any(not 0.0 < f <= 1.0 for f in fractions) or fractions != sorted(set(fractions)):
+            raise ValueError(f"checkpoint_fractions must be increasing values in (0, 1], got {fractions}")
+        if fractions[-1] != 1.0:
+            raise ValueError(f"checkpoint_fractions must end with 1.0 (the full budget), got {fractions}")
 
 
 @dataclass
@@ -129,6 +143,8 @@ class TrainConfig:
     warmup_steps: int = 0
     reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
+    forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
+    save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
     threads: int = 1  # torch CPU threads per job
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
@@ -138,7 +154,8 @@ class TrainConfig:
               "max_completion_length": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0),
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
-              "stats_chunk_size": (1, None), "threads": (1, None)}
+              "stats_chunk_size": (1, None), "threads": (1, None), "forward_chunk_rows": (1, None),
+              "save_every_steps": (0, None)}
 
 
 @dataclass
@@ -271,6 +288,8 @@ def _merge(schema_cls: type, sources: list[tuple[str, Any]]) -> Any:
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_explain(exc, sources[-1][0] if sources else "defaults", schema_cls)) from None
+    except ValueError as exc:  # a schema's __post_init__ check; its message names the field
+        raise ConfigError(f"{', '.join(o for o, _ in sources)}: {exc}") from None
     check_ranges(obj, origin=", ".join(o for o, _ in sources))
     return obj
 
@@ -385,10 +404,7 @@ def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
     sources: list[tuple[str, Any]] = [(str(path), raw)]
     if overrides:
         sources.append(("--set method.*", parse_overrides(overrides)))
-    try:
-        params = _merge(cls.Config, sources)
-    except ValueError as exc:  # a Config.__post_init__ range check
-        raise ConfigError(f"{path}: {exc}") from None
+    params = _merge(cls.Config, sources)
     return MethodSpec(label, str(name), params, seed_offset)
 
 

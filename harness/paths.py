@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 WARMSTART_LABEL = "warmstart"  # the reference row: the starting checkpoint, evaluated like every run
@@ -11,10 +10,6 @@ WARMSTART_LABEL = "warmstart"  # the reference row: the starting checkpoint, eva
 def checkpoint_name(fraction: float) -> str:
     """Budget fraction -> directory name: 0.25 -> 'ckpt-025', 1.0 -> 'ckpt-100'."""
     return f"ckpt-{round(fraction * 100):03d}"
-
-
-def checkpoint_step(fraction: float, max_steps: int) -> int:
-    return max(1, math.ceil(fraction * max_steps - 1e-9))
 
 
 class SweepPaths:

@@ -9,39 +9,38 @@ from pathlib import Path
 
 import torch
 
+from harness.budget import peak_memory_bytes
 from harness.config import MethodSpec, Resolved, dump_yaml
-from harness.datafiles import read_jsonl, sha256_file, verify_checksum, write_json_atomic, write_jsonl_atomic
+from harness.datafiles import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic, write_sha256sums
 from harness.models import convert_gguf, load_policy, warmstart_char_llama
-from harness.paths import SweepPaths, checkpoint_name, checkpoint_step
+from harness.paths import SweepPaths, checkpoint_name
 from harness.prompts import render_prompt
 from harness.provenance import provenance
 from harness.synthetic import generate_split
 
-SYNTHETIC_SPLITS = ("train", "eval", "ood")
-
 
 def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
-    """Synthetic preset: generate the splits with their SHA256SUMS. JSONL preset: verify the training file."""
+    """Write the sweep's data folder with its SHA256SUMS: ``train.jsonl`` (synthetic problems, rows of a shipped
+    JSONL after its checksum is verified, or both shuffled together for ``mixed``) and, with synthetic data,
+    the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
     data = resolved.preset.data
     out = paths.data_dir
     out.mkdir(parents=True, exist_ok=True)
-    if data.kind == "synthetic":
-        files = {}
-        for split in SYNTHETIC_SPLITS:
-            files[split] = write_jsonl_atomic(out / f"{split}.jsonl", generate_split(data.synthetic, split))
-        sums = "".join(f"{sha256_file(p)}  {p.name}\n" for p in files.values())
-        (out / "SHA256SUMS.tmp").write_text(sums)
-        (out / "SHA256SUMS.tmp").replace(out / "SHA256SUMS")
-        return {split: str(path) for split, path in files.items()}
-    source = resolve_repo_path(data.train_file)
-    verify_checksum(source)
-    rows = read_jsonl(source)
-    if data.max_train_rows:
-        rows = rows[:data.max_train_rows]
-    target = write_jsonl_atomic(out / "train.jsonl", rows)
-    (out / "SHA256SUMS.tmp").write_text(f"{sha256_file(target)}  train.jsonl\n")
-    (out / "SHA256SUMS.tmp").replace(out / "SHA256SUMS")
-    return {"train": str(target), "source": str(source)}
+    train_rows, written = [], {}
+    if data.kind in ("synthetic", "mixed"):
+        train_rows += generate_split(data.synthetic, "train")
+        for split in ("eval", "ood"):
+            written[split] = write_jsonl_atomic(out / f"{split}.jsonl", generate_split(data.synthetic, split))
+    if data.kind in ("jsonl", "mixed"):
+        source = resolve_repo_path(data.train_file)
+        verify_checksum(source)
+        rows = read_jsonl(source)
+        train_rows += rows[:data.max_train_rows] if data.max_train_rows else rows
+    if data.kind == "mixed":
+        random.Random(data.synthetic.seed).shuffle(train_rows)
+    written["train"] = write_jsonl_atomic(out / "train.jsonl", train_rows)
+    write_sha256sums(out, written.values())
+    return {split: str(path) for split, path in written.items()}
 
 
 def resolve_repo_path(path: str) -> Path:
@@ -91,11 +90,14 @@ def training_rows(resolved: Resolved, paths: SweepPaths, seed: int) -> list[dict
 
 
 def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict:
-    """Train ``spec`` from the warm start under the budget; write checkpoints, metrics.jsonl and run.json."""
+    """Train ``spec`` from the warm start until the budget is spent; write the budget checkpoints,
+    metrics.jsonl and run.json. With ``train.save_every_steps`` the run resumes from its last trainer
+    checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun."""
     from datasets import Dataset
     from transformers import set_seed
+    from transformers.trainer_utils import get_last_checkpoint
 
-    from harness.trainer import MetricsWriter, TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.trainer import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
     from methods.registry import get_method_class
 
     preset = resolved.preset
@@ -105,41 +107,70 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
-    max_steps = int(budget.amount)
-    checkpoints = {checkpoint_step(f, max_steps): run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
-    for directory in checkpoints.values():
-        if directory.exists():
-            import shutil
-
-            shutil.rmtree(directory)
+    resume_from = get_last_checkpoint(str(run_dir / "trl")) if (run_dir / "trl").is_dir() else None
+    metrics_partial = run_dir / "metrics.jsonl.partial"
+    if resume_from is None:
+        _clear_run_outputs(run_dir, budget.checkpoint_fractions)
+        metrics_partial.unlink(missing_ok=True)
     model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
     rows = training_rows(resolved, paths, run_seed)
     dataset = Dataset.from_list([{"prompt": render_prompt(preset.prompt_template, r["problem"], tokenizer),
                                   "answer": r["answer"]} for r in rows])
     method = get_method_class(spec.name)(spec.params)
-    metrics_partial = run_dir / "metrics.jsonl.partial"
-    metrics_partial.unlink(missing_ok=True)
     trainer = TargetedGRPOTrainer(
         model=model, processing_class=tokenizer, train_dataset=dataset,
         reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
-        args=grpo_config(preset, run_dir, run_seed, max_steps), method=method, preset=preset, run_seed=run_seed,
+        args=grpo_config(preset, run_dir, run_seed), method=method, preset=preset, run_seed=run_seed,
         sample_batch_path=run_dir / "sample_batch.json")
-    trainer.add_callback(MetricsWriter(metrics_partial, checkpoints, tokenizer, trainer.counters))
+    checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
+    trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs, metrics_partial))
+    if resume_from is not None:
+        trainer.restore_ledger(Path(resume_from))
+        _drop_metrics_after(metrics_partial, trainer.ledger.steps)
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from)
     elapsed = time.perf_counter() - started
+    missing = [d.name for d in checkpoint_dirs.values() if not d.is_dir()]
+    if missing:
+        raise RuntimeError(f"training stopped before the budget was spent (max_steps cap "
+                           f"{budget.max_steps}?): checkpoints {missing} were not written")
     metrics_partial.replace(run_dir / "metrics.jsonl")
+    ledger = trainer.ledger
     record = {
         "sweep": resolved.sweep.name, "method": {"label": spec.label, "name": spec.name,
                                                   "params": json.loads(json.dumps(spec.params.__dict__, default=str)),
                                                   "deviations": list(method.deviations)},
         "seed": seed, "run_seed": run_seed, "config": resolved.to_dict(), "config_yaml": dump_yaml(resolved.to_dict()),
-        "budget": {"kind": budget.kind, "amount": budget.amount, "spent_steps": trainer.state.global_step,
-                   "checkpoints": {checkpoint_name(f): checkpoint_step(f, max_steps)
-                                   for f in budget.checkpoint_fractions}},
-        "counters": {k: v for k, v in vars(trainer.counters).items() if k != "per_step"},
+        "budget": {"kind": budget.kind, "amount": budget.amount, "spent": ledger.spent(budget.kind),
+                   "spent_steps": ledger.steps, "clock": trainer.clock.name,
+                   "checkpoints": {name: info["step"] for name, info in trainer.saved_checkpoints.items()},
+                   "checkpoint_spend": trainer.saved_checkpoints, "ledger": ledger.to_dict(),
+                   "peak_memory_bytes": peak_memory_bytes(trainer.accelerator.device),
+                   "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss"},
+        "counters": {"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
+                     "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},
+        "resumed_from": str(Path(resume_from).name) if resume_from else None,
         "train_seconds": elapsed,
         "provenance": provenance({"train": paths.data_dir / "train.jsonl"}),
     }
     write_json_atomic(run_dir / "run.json", record)
     return record
+
+
+def _clear_run_outputs(run_dir: Path, fractions: list[float]) -> None:
+    """A fresh run removes what an earlier, unfinished one left (checkpoints, run.json)."""
+    import shutil
+
+    (run_dir / "run.json").unlink(missing_ok=True)
+    for fraction in fractions:
+        for leftover in (run_dir / checkpoint_name(fraction), run_dir / (checkpoint_name(fraction) + ".partial")):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+
+
+def _drop_metrics_after(metrics_file: Path, step: int) -> None:
+    """Lines logged after the checkpoint being resumed from would be logged again: drop them."""
+    if not metrics_file.is_file():
+        return
+    kept = [line for line in metrics_file.read_text().splitlines() if json.loads(line)["step"] <= step]
+    metrics_file.write_text("".join(line + "\n" for line in kept))

@@ -20,22 +20,25 @@ internals this relies on.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
+from harness.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
 from harness.config import PresetConfig
 from harness.hooks import PreparedBatch, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.scoring import score_batch
 from harness.tokenstats import model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, aggregation_weights, group_advantages
 
-BATCH_PREFIX = "tt_"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
+BATCH_PREFIX = "tt_"
+LEDGER_FILE = "harness_budget.json"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
 
 
 def reward_function(scorer: str, timeout_s: float):
@@ -48,9 +51,12 @@ def reward_function(scorer: str, timeout_s: float):
     return correctness
 
 
-def grpo_config(preset: PresetConfig, out_dir: Path, seed: int, max_steps: int) -> GRPOConfig:
-    """TRL settings derived from the preset. TRL's loss switches are inert: ``_compute_loss`` is ours."""
+def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
+    """TRL settings derived from the preset. TRL's loss switches are inert: ``_compute_loss`` is ours. The budget
+    stops the run (``BudgetCallback``); ``max_steps`` is the budget for a steps budget, else a safety cap."""
     train = preset.train
+    budget = train.budget
+    max_steps = int(math.ceil(budget.amount)) if budget.kind == "steps" else budget.max_steps
     return GRPOConfig(
         output_dir=str(out_dir / "trl"),
         per_device_train_batch_size=train.prompts_per_step * train.num_generations,
@@ -71,7 +77,9 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int, max_steps: int) 
         epsilon_high=train.clip_eps_high,
         max_steps=max_steps,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if train.save_every_steps else "no",
+        save_steps=train.save_every_steps or 500,
+        save_only_model=False,
         report_to=[],
         seed=seed,
         data_seed=seed,
@@ -85,18 +93,6 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int, max_steps: int) 
     )
 
 
-@dataclass
-class StepCounters:
-    """Work done per step, summed over the run (tokens generated, forwarded, carrying a non-zero weight)."""
-
-    generated_tokens: int = 0
-    forwarded_tokens: int = 0
-    weighted_tokens: int = 0
-    rollouts_generated: int = 0
-    rollouts_trained: int = 0
-    per_step: dict[str, float] = field(default_factory=dict)
-
-
 class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
@@ -107,7 +103,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self.method = method
         self.preset = preset
         self.run_seed = run_seed
-        self.counters = StepCounters()
+        self.ledger = BudgetLedger()
+        self.saved_checkpoints: dict[str, dict] = {}  # budget checkpoint name -> step and spend when saved
+        self.model_shape = ModelShape.of(self.accelerator.unwrap_model(self.model))
+        self.clock = PhaseClock(self.accelerator.device)
         tokenizer = self.processing_class
         self.special_token_ids = tuple(sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id)
                                                if i is not None}))
@@ -119,7 +118,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def step_context(self) -> StepContext:
         train = self.preset.train
-        progress = min(1.0, self.state.global_step / max(1, self.state.max_steps))
+        progress = min(1.0, self.ledger.spent(train.budget.kind) / max(train.budget.amount, 1e-12))
         return StepContext(progress=progress, step=self.state.global_step, seed=self.run_seed,
                            clip_eps_low=train.clip_eps_low, clip_eps_high=train.clip_eps_high, beta=train.beta,
                            aggregation=train.aggregation, max_completion_length=train.max_completion_length)
@@ -132,9 +131,12 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        started = self.clock.start()
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
+        self.clock.stop("generation", started)
+        self._count_generation(out)
         device = out["completion_ids"].device
         rewards_all = torch.nan_to_num(self._gathered_rewards.sum(dim=1).cpu(), nan=0.0)
         group_all = torch.arange(len(rewards_all)) // self.num_generations
@@ -150,7 +152,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if len(prepared.rows) == 0 or prepared.length == 0:
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
                                f"{self.state.global_step}; a method must keep at least one token")
-        self._count_rollouts(out, prepared)
+        self._log_train("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
         return self._reduced_batch(out, prepared, device)
 
     @torch.no_grad()
@@ -195,17 +197,14 @@ class TargetedGRPOTrainer(GRPOTrainer):
             reduced[f"{BATCH_PREFIX}extra_{name}"] = value.to(device)
         return reduced
 
-    def _count_rollouts(self, out: dict, prepared: PreparedBatch) -> None:
-        c = self.counters
-        generated = int(out["completion_mask"].sum())
-        forwarded = int(out["prompt_mask"][prepared.rows.to(out["prompt_mask"].device)].sum()
-                        + prepared.batch.completion_mask.sum())
-        c.generated_tokens += generated
-        c.forwarded_tokens += forwarded
-        c.rollouts_generated += out["completion_ids"].shape[0]
-        c.rollouts_trained += len(prepared.rows)
-        c.per_step = {"tokens/generated": generated, "tokens/forwarded": forwarded,
-                      "rollouts/kept_frac": len(prepared.rows) / out["completion_ids"].shape[0]}
+    def _count_generation(self, out: dict) -> None:
+        prompt_lengths = out["prompt_mask"].sum(dim=1).tolist()
+        completion_lengths = out["completion_mask"].sum(dim=1).tolist()
+        ledger = self.ledger
+        ledger.samples += len(prompt_lengths)
+        ledger.prompt_tokens += int(sum(prompt_lengths))
+        ledger.generated_tokens += int(sum(completion_lengths))
+        ledger.flops["generation"] += generation_flops(self.model_shape, prompt_lengths, completion_lengths)
 
     # --- loss ---------------------------------------------------------------------------------------------------
 
@@ -220,19 +219,48 @@ class TargetedGRPOTrainer(GRPOTrainer):
             keep=torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device),
             special_token_ids=self.special_token_ids, extras=extras)
 
+    def _row_chunks(self, inputs: dict):
+        """Rows sorted by length and cut into chunks, each trimmed to its own longest prompt and kept completion:
+        what a method truncated (NAT) is not computed even when other rows of the batch are longer."""
+        prompt_lengths = inputs["prompt_mask"].sum(dim=1)
+        positions = torch.arange(1, inputs["completion_mask"].shape[1] + 1, device=prompt_lengths.device)
+        completion_lengths = (inputs["completion_mask"] * positions).amax(dim=1).long().clamp(min=1)
+        order = torch.argsort(prompt_lengths + completion_lengths, stable=True)
+        for rows in order.split(self.preset.train.forward_chunk_rows):
+            prompt_width, completion_width = int(prompt_lengths[rows].max()), int(completion_lengths[rows].max())
+            prompt_cols = slice(inputs["prompt_ids"].shape[1] - prompt_width, None)  # prompts are left-padded
+            input_ids = torch.cat([inputs["prompt_ids"][rows, prompt_cols],
+                                   inputs["completion_ids"][rows, :completion_width]], dim=1)
+            attention_mask = torch.cat([inputs["prompt_mask"][rows, prompt_cols],
+                                        inputs["completion_mask"][rows, :completion_width]], dim=1)
+            yield rows, input_ids, attention_mask, completion_width
+
+    def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str) -> dict[str, torch.Tensor]:
+        """Token statistics (B, T) assembled from the row chunks; FLOPs of the computed shapes go to ``phase``."""
+        train, T = self.preset.train, inputs["completion_ids"].shape[1]
+        pieces, order = [], []
+        for rows, input_ids, attention_mask, width in self._row_chunks(inputs):
+            stats = model_token_statistics(model, input_ids, attention_mask, width, extras, train.temperature,
+                                           train.stats_chunk_size)
+            pieces.append({k: torch.nn.functional.pad(v, (0, T - width)) for k, v in stats.items()})
+            order.append(rows)
+            flops = padded_forward_flops(self.model_shape, len(rows), input_ids.shape[1], width)
+            self.ledger.flops[phase] += flops * (3.0 if phase == "train" else 1.0)  # backward ~ 2x forward
+            self.ledger.forwarded_positions += input_ids.numel()
+            if phase == "train":
+                self.ledger.trained_positions += input_ids.numel()
+        inverse = torch.argsort(torch.cat(order))
+        return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
+
     def _token_stats(self, model, inputs: dict) -> TokenStats:
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logits_to_keep = inputs["completion_ids"].shape[1]
-        train = self.preset.train
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
-        stats = model_token_statistics(model, input_ids, attention_mask, logits_to_keep, extras,
-                                       train.temperature, train.stats_chunk_size)
+        stats = self._chunked_statistics(model, inputs, extras, "train")
         ref_logp = None
         if self.ref_policy is not None:
+            started = self.clock.start()
             with torch.no_grad():
-                ref_logp = model_token_statistics(self.ref_policy, input_ids, attention_mask, logits_to_keep, (),
-                                                  train.temperature, train.stats_chunk_size)["logp"]
+                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference")["logp"]
+            self.clock.stop("reference", started)
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
                           sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
 
@@ -260,6 +288,23 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self._log_step_metrics(stats, result, ratio, advantages, mask, started)
         return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
 
+    # --- resumable checkpoints ----------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        """TRL/transformers save weights, optimizer, scheduler, RNG and trainer state; the ledger goes beside them,
+        so a resumed run continues the budget count."""
+        super()._save_checkpoint(model, trial)
+        folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        from harness.datafiles import write_json_atomic
+
+        write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(),
+                                                 "saved_checkpoints": self.saved_checkpoints})
+
+    def restore_ledger(self, checkpoint: Path) -> None:
+        saved = json.loads((checkpoint / LEDGER_FILE).read_text())
+        self.ledger = BudgetLedger.from_dict(saved["ledger"])
+        self.saved_checkpoints = saved["saved_checkpoints"]
+
     # --- metrics ------------------------------------------------------------------------------------------------
 
     def _log_train(self, name: str, value: float) -> None:
@@ -275,42 +320,56 @@ class TargetedGRPOTrainer(GRPOTrainer):
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
                 self._log_train("entropy", float((stats.entropy * mask).sum() / n_tokens))
-            self.counters.weighted_tokens += int(weighted.sum())
-            for name, value in self.counters.per_step.items():
-                self._log_train(name, float(value))
+            self.ledger.weighted_tokens += int(weighted.sum())
             for name, value in result.metrics.items():
                 self._log_train(f"method/{name}", float(value))
             self._log_train("time/loss_s", time.perf_counter() - started)
 
 
-class MetricsWriter(TrainerCallback):
-    """Appends every log record (one per optimizer step) to ``metrics.jsonl`` and saves budget checkpoints."""
+class BudgetCallback(TrainerCallback):
+    """Closes each step's accounting, saves the model at budget fractions, stops once the budget is spent, and
+    appends every log record (one per optimizer step) to ``metrics.jsonl``."""
 
-    def __init__(self, metrics_path: Path, checkpoint_dirs: dict[int, Path], tokenizer, counters: StepCounters):
+    def __init__(self, trainer: TargetedGRPOTrainer, checkpoint_dirs: dict[float, Path], metrics_path: Path):
+        self.trainer = trainer
+        self.checkpoint_dirs = dict(sorted(checkpoint_dirs.items()))  # budget fraction -> directory
         self.metrics_path = metrics_path
-        self.checkpoint_dirs = checkpoint_dirs  # optimizer step -> directory
-        self.tokenizer = tokenizer
-        self.counters = counters
-        self.started = time.perf_counter()
+        self._step_started = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_started = self.trainer.clock.start()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        trainer, ledger = self.trainer, self.trainer.ledger
+        trainer.clock.stop("step", self._step_started)
+        seconds = trainer.clock.collect()
+        step_total = seconds.pop("step", 0.0)
+        ledger.steps += 1
+        ledger.step_seconds += step_total
+        ledger.seconds["generation"] += seconds.get("generation", 0.0)
+        ledger.seconds["reference"] += seconds.get("reference", 0.0)
+        ledger.seconds["train"] += step_total - seconds.get("generation", 0.0) - seconds.get("reference", 0.0)
+        budget = trainer.preset.train.budget
+        spent = ledger.spent(budget.kind)
+        for fraction, directory in self.checkpoint_dirs.items():
+            if directory.name not in trainer.saved_checkpoints and spent >= fraction * budget.amount * (1 - 1e-9):
+                self._save_model(model, directory)
+                trainer.saved_checkpoints[directory.name] = {"fraction": fraction, "step": state.global_step,
+                                                             "spent": spent, **ledger.summary()}
+        if spent >= budget.amount * (1 - 1e-9):
+            control.should_training_stop = True
+
+    def _save_model(self, model, directory: Path) -> None:
+        from harness.models import save_policy
+
+        staging = directory.with_name(directory.name + ".partial")
+        save_policy(model, self.trainer.processing_class, staging)
+        staging.rename(directory)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        import json
-
         if not logs or "loss" not in logs:
             return
-        record = {"step": state.global_step, "elapsed_s": time.perf_counter() - self.started,
-                  "tokens/generated_total": self.counters.generated_tokens,
-                  "tokens/forwarded_total": self.counters.forwarded_tokens,
-                  "tokens/weighted_total": self.counters.weighted_tokens}
+        record = {"step": state.global_step, **self.trainer.ledger.summary()}
         record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()})
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        from harness.models import save_policy
-
-        target = self.checkpoint_dirs.get(state.global_step)
-        if target is not None and model is not None:
-            staging = target.with_name(target.name + ".partial")
-            save_policy(model, self.tokenizer, staging)
-            staging.rename(target)

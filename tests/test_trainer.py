@@ -38,7 +38,7 @@ def make_trainer(model_dir, tmp_path, method="uniform", **train_overrides):
     cls = get_method_class(method)
     trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset,
                                   reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                                  args=grpo_config(preset, tmp_path, seed=0, max_steps=1), method=cls(),
+                                  args=grpo_config(preset, tmp_path, seed=0), method=cls(),
                                   preset=preset, run_seed=0)
     return trainer, model
 

@@ -1,0 +1,133 @@
+"""Matched budgets: the FLOP model by hand, stop at budget, equal spend across methods, resume keeps the count."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from harness.budget import BudgetLedger, ModelShape, causal_pairs, forward_flops, generation_flops
+from harness.config import load_method, resolve
+from harness.paths import SweepPaths
+from harness.train import prepare_data, run_training, warmstart
+
+
+def tiny_llama(tie: bool = False) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tie)
+    return LlamaForCausalLM(config)
+
+
+def test_model_shape_counts_matmul_weights_by_hand():
+    shape = ModelShape.of(tiny_llama())
+    # per layer: q, k, v, o = 4 * 8 * 8 = 256; gate, up, down = 3 * 8 * 16 = 384 -> 640; two layers
+    assert shape == ModelShape(n_body=1280, n_head=80, n_layers=2, d_model=8)
+    assert ModelShape.of(tiny_llama(tie=True)).n_head == 80  # a tied head still multiplies
+
+
+def test_forward_and_generation_flops_by_hand():
+    shape = ModelShape(n_body=1280, n_head=80, n_layers=2, d_model=8)
+    # 5 positions, logits at 2, causal pairs 1+2+3+4+5 = 15
+    expected = 2 * 1280 * 5 + 2 * 80 * 2 + 4 * 2 * 8 * 15
+    assert causal_pairs(5) == 15
+    assert forward_flops(shape, 5, 2, 15) == expected == 14080
+    # rollouts (prompt 3, completion 2) and (prompt 1, completion 4): 5 positions each, logits at 2 and at 4
+    assert generation_flops(shape, [3, 1], [2, 4]) == expected + (2 * 1280 * 5 + 2 * 80 * 4 + 4 * 2 * 8 * 15)
+
+
+def test_ledger_spend_by_kind():
+    ledger = BudgetLedger(steps=3, samples=48, generated_tokens=100, prompt_tokens=40, forwarded_positions=300,
+                          flops={"generation": 1.0, "reference": 0.5, "train": 2.0}, step_seconds=7.5)
+    assert ledger.spent("steps") == 3 and ledger.spent("samples") == 48
+    assert ledger.spent("tokens") == 440 and ledger.spent("flops") == 3.5 and ledger.spent("accel_seconds") == 7.5
+    with pytest.raises(ValueError, match="joules"):
+        ledger.spent("joules")
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    overrides = [f"results_dir={root}", "name=budget", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",
+                 "data.synthetic.n_ood=4", "warmstart.steps=10", "warmstart.batch_size=8",
+                 "train.prompts_per_step=2", "train.num_generations=4", "train.max_completion_length=40",
+                 "train.budget.kind=steps"]
+    resolved = resolve({"name": "budget", "preset": "tiny"}, overrides)
+    paths = SweepPaths(resolved.results_dir)
+    prepare_data(resolved, paths)
+    warmstart(resolved, paths)
+    return overrides, paths
+
+
+def train(tiny_sweep, label: str, *extra: str):
+    overrides, paths = tiny_sweep
+    resolved = resolve({"name": "budget", "preset": "tiny"}, [*overrides, *extra])
+    return run_training(resolved, load_method(label), 0, paths), paths
+
+
+def step_flops(paths, label):
+    lines = [json.loads(x) for x in (paths.run_dir(label, 0) / "metrics.jsonl").open()]
+    totals = [0.0] + [m["budget/flops_total"] for m in lines]
+    return [b - a for a, b in zip(totals, totals[1:], strict=False)]
+
+
+def test_flops_budget_stops_within_one_step_and_nat_gets_more_steps(tiny_sweep):
+    amount = 1.2e10
+    records = {}
+    for label in ("uniform", "nat"):
+        record, paths = train(tiny_sweep, label, "train.budget.kind=flops", f"train.budget.amount={amount}",
+                              "train.budget.checkpoint_fractions=[0.5,1.0]")
+        spent, steps = record["budget"]["spent"], record["budget"]["spent_steps"]
+        per_step = step_flops(paths, label)
+        assert spent >= amount and spent - per_step[-1] < amount  # stopped at the first step reaching the budget
+        assert len(per_step) == steps
+        assert record["budget"]["clock"] == "process_time" and record["budget"]["ledger"]["step_seconds"] > 0
+        assert record["budget"]["ledger"]["seconds"]["generation"] > 0 and record["budget"]["peak_memory_bytes"] > 0
+        first_half = record["budget"]["checkpoint_spend"]["ckpt-050"]
+        assert first_half["spent"] >= amount / 2 and first_half["spent"] - per_step[first_half["step"] - 1] < amount / 2
+        records[label] = record
+    # NAT's prefix cutting computes fewer training positions per step: more steps for the same FLOPs
+    assert records["nat"]["budget"]["spent_steps"] > records["uniform"]["budget"]["spent_steps"]
+
+
+def test_steps_budget_is_exact(tiny_sweep):
+    record, _ = train(tiny_sweep, "uniform", "train.budget.amount=3", "train.budget.checkpoint_fractions=[1.0]")
+    assert record["budget"]["spent_steps"] == 3 and record["budget"]["checkpoints"] == {"ckpt-100": 3}
+
+
+def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tiny_sweep, monkeypatch):
+    from harness import trainer as trainer_module
+
+    settings = ("train.budget.amount=4", "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1")
+    full, paths = train(tiny_sweep, "uniform", *settings)
+    full_metrics = (paths.run_dir("uniform", 0) / "metrics.jsonl").read_text().splitlines()
+    full_weights = load_file(paths.run_dir("uniform", 0) / "ckpt-100" / "model.safetensors")
+
+    original = trainer_module.BudgetCallback.on_step_end
+
+    def crash_at_step_3(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            raise KeyboardInterrupt("injected crash")  # checkpoint-2 exists, step 3 is lost
+        return original(self, args, state, control, **kwargs)
+
+    import shutil
+
+    shutil.rmtree(paths.run_dir("uniform", 0))
+    monkeypatch.setattr(trainer_module.BudgetCallback, "on_step_end", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_sweep, "uniform", *settings)
+    monkeypatch.setattr(trainer_module.BudgetCallback, "on_step_end", original)
+    resumed, _ = train(tiny_sweep, "uniform", *settings)
+
+    assert resumed["resumed_from"] == "checkpoint-2"
+    assert resumed["budget"]["spent_steps"] == 4
+    for key in ("flops", "samples", "generated_tokens", "forwarded_positions"):
+        assert resumed["budget"]["ledger"][key] == full["budget"]["ledger"][key]
+    resumed_metrics = (paths.run_dir("uniform", 0) / "metrics.jsonl").read_text().splitlines()
+    keys = ("step", "reward", "loss", "completions/mean_length", "budget/flops_total")
+    assert [{k: json.loads(x)[k] for k in keys} for x in resumed_metrics] == [
+        {k: json.loads(x)[k] for k in keys} for x in full_metrics]
+    resumed_weights = load_file(paths.run_dir("uniform", 0) / "ckpt-100" / "model.safetensors")
+    assert resumed_weights.keys() == full_weights.keys()
+    for name, tensor in full_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor)
