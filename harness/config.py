@@ -145,6 +145,7 @@ class TrainConfig:
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
     forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
     save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
+    max_nonfinite_steps: int = 3  # steps with a NaN/inf loss are skipped; one more than this stops the run
     threads: int = 1  # torch CPU threads per job
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
@@ -155,7 +156,7 @@ class TrainConfig:
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
               "stats_chunk_size": (1, None), "threads": (1, None), "forward_chunk_rows": (1, None),
-              "save_every_steps": (0, None)}
+              "save_every_steps": (0, None), "max_nonfinite_steps": (0, None)}
 
 
 @dataclass

@@ -37,8 +37,12 @@ from harness.scoring import score_batch
 from harness.tokenstats import model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, aggregation_weights, group_advantages
 
-BATCH_PREFIX = "tt_"
-LEDGER_FILE = "harness_budget.json"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
+BATCH_PREFIX = "tt_"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
+LEDGER_FILE = "harness_budget.json"  # the budget ledger, saved in each resumable trainer checkpoint
+
+
+class NonFiniteLossError(RuntimeError):
+    """More steps with a NaN/inf loss than ``train.max_nonfinite_steps`` allows."""
 
 
 def reward_function(scorer: str, timeout_s: float):
@@ -105,6 +109,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self.run_seed = run_seed
         self.ledger = BudgetLedger()
         self.saved_checkpoints: dict[str, dict] = {}  # budget checkpoint name -> step and spend when saved
+        self.nonfinite_steps = 0
+        self._skip_optimizer_step = False
         self.model_shape = ModelShape.of(self.accelerator.unwrap_model(self.model))
         self.clock = PhaseClock(self.accelerator.device)
         tokenizer = self.processing_class
@@ -286,7 +292,36 @@ class TargetedGRPOTrainer(GRPOTrainer):
             loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
             self._log_train("kl", float((kl.detach() * mask).sum() / mask.sum().clamp(min=1)))
         self._log_step_metrics(stats, result, ratio, advantages, mask, started)
+        if not torch.isfinite(loss.detach()):
+            return self._skip_nonfinite_step(model, loss)
         return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
+
+    # --- non-finite losses: skip the step, count it, stop past the limit ------------------------------------------
+
+    def _skip_nonfinite_step(self, model, loss: torch.Tensor) -> torch.Tensor:
+        self.nonfinite_steps += 1
+        self._log_train("nonfinite/skipped_total", float(self.nonfinite_steps))
+        limit = self.preset.train.max_nonfinite_steps
+        if self.nonfinite_steps > limit:
+            raise NonFiniteLossError(
+                f"method {self.method.name!r}: the loss was {float(loss)} in {self.nonfinite_steps} steps (last at "
+                f"step {self.state.global_step + 1}), more than train.max_nonfinite_steps={limit}; stopping")
+        self._skip_optimizer_step = True
+        # a zero loss on the graph: backward gives zero gradients, and the optimizer step is skipped entirely
+        return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        step = optimizer.step
+
+        def step_unless_skipped(*args, **kwargs):
+            if self._skip_optimizer_step:  # Adam's moments would still move the weights on zero gradients
+                self._skip_optimizer_step = False
+                return None
+            return step(*args, **kwargs)
+
+        optimizer.step = step_unless_skipped
+        return optimizer
 
     # --- resumable checkpoints ----------------------------------------------------------------------------------
 

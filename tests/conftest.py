@@ -20,3 +20,22 @@ def tiny_model_dir(tmp_path_factory) -> Path:
                              tokenizer, seed=0)
     save_policy(model, tokenizer, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """A tiny preset sweep with its data and a 10-step warm start: (overrides, SweepPaths)."""
+    from harness.config import resolve
+    from harness.paths import SweepPaths
+    from harness.train import prepare_data, warmstart
+
+    root = tmp_path_factory.mktemp("tiny_sweep")
+    overrides = [f"results_dir={root}", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",
+                 "data.synthetic.n_ood=4", "warmstart.steps=10", "warmstart.batch_size=8",
+                 "train.prompts_per_step=2", "train.num_generations=4", "train.max_completion_length=40",
+                 "train.budget.kind=steps"]
+    resolved = resolve({"name": "tiny", "preset": "tiny"}, overrides)
+    paths = SweepPaths(resolved.results_dir)
+    prepare_data(resolved, paths)
+    warmstart(resolved, paths)
+    return overrides, paths

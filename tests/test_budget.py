@@ -9,8 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from harness.budget import BudgetLedger, ModelShape, causal_pairs, forward_flops, generation_flops
 from harness.config import load_method, resolve
-from harness.paths import SweepPaths
-from harness.train import prepare_data, run_training, warmstart
+from harness.train import run_training
 
 
 def tiny_llama(tie: bool = False) -> LlamaForCausalLM:
@@ -45,23 +44,9 @@ def test_ledger_spend_by_kind():
         ledger.spent("joules")
 
 
-@pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("budget")
-    overrides = [f"results_dir={root}", "name=budget", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",
-                 "data.synthetic.n_ood=4", "warmstart.steps=10", "warmstart.batch_size=8",
-                 "train.prompts_per_step=2", "train.num_generations=4", "train.max_completion_length=40",
-                 "train.budget.kind=steps"]
-    resolved = resolve({"name": "budget", "preset": "tiny"}, overrides)
-    paths = SweepPaths(resolved.results_dir)
-    prepare_data(resolved, paths)
-    warmstart(resolved, paths)
-    return overrides, paths
-
-
 def train(tiny_sweep, label: str, *extra: str):
     overrides, paths = tiny_sweep
-    resolved = resolve({"name": "budget", "preset": "tiny"}, [*overrides, *extra])
+    resolved = resolve({"name": "tiny", "preset": "tiny"}, [*overrides, *extra])
     return run_training(resolved, load_method(label), 0, paths), paths
 
 
