@@ -3,14 +3,18 @@
 A bare `snakemake --cores 2` runs configs/sweeps/default.yaml. Another sweep: `--configfile configs/sweeps/X.yaml`.
 Overrides: `--config set="train.learning_rate=1e-4 eval.k=2"` or `--config 'train={learning_rate: 1e-4}'`.
 The whole configuration is validated here, before any job starts. Each rule is one `harness` command.
+A label whose method config names a released `checkpoint` is fetched (rule fetch) instead of trained.
+On a cluster: `snakemake --profile profiles/slurm ...`; each rule's resources come from the preset's `resources`.
 """
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from harness.config import resolve, load_method
 from harness.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
+from harness.resources import released_checkpoints, rule_resources, train_command
 
 
 configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
@@ -41,18 +45,28 @@ def digest(obj) -> str:
 
 
 PRESET_DICT = RESOLVED.to_dict()["preset"]
-TRAIN_DIGEST = digest({k: v for k, v in PRESET_DICT.items() if k != "eval"})
+TRAIN_DIGEST = digest({k: v for k, v in PRESET_DICT.items() if k not in ("eval", "resources")})
 EVAL_DIGEST = digest(PRESET_DICT["eval"])
 
 
 def method_digest(wildcards) -> str:
-    return digest([TRAIN_DIGEST, load_method(wildcards.method).params.__dict__])
+    return digest([TRAIN_DIGEST, load_method(wildcards.method, search_dirs=SWEEP.method_config_dirs).params.__dict__])
 
 
 wildcard_constraints:
     method=r"[A-Za-z0-9_\-]+",
     seed=r"\d+",
     ckpt=r"ckpt-\d{3}",
+
+
+# Cluster resources per rule, from the preset's `resources` section (harness/resources.py); the SLURM profile
+# (profiles/slurm) only sets executor options. Locally only `gpu` counts, and only with --resources gpu=N.
+RES = rule_resources(PRESET)
+# Eval-only labels: their method config names a released `checkpoint`; the fetch rule writes their run.json.
+RELEASED = released_checkpoints(RESOLVED)
+_released_alternation = "|".join(re.escape(label) for label in RELEASED)
+TRAINED_LABEL = (rf"(?!(?:{_released_alternation})(?![A-Za-z0-9_\-]))[A-Za-z0-9_\-]+" if RELEASED
+                 else r"[A-Za-z0-9_\-]+")
 
 
 def eval_targets():
@@ -78,6 +92,8 @@ rule data:
         f"{ROOT}/logs/data.log",
     params:
         cfg=digest(PRESET_DICT["data"]),
+    resources:
+        **RES["data"],
     shell:
         HARNESS.format(cmd="data") + " > {log} 2>&1"
 
@@ -94,6 +110,8 @@ rule warmstart:
     params:
         cfg=digest([PRESET_DICT["model"], PRESET_DICT["warmstart"], PRESET_DICT["data"]]),
     threads: PRESET.warmstart.threads
+    resources:
+        **RES["warmstart"],
     shell:
         HARNESS.format(cmd="warmstart") + " > {log} 2>&1"
 
@@ -109,11 +127,35 @@ rule train:
         f"{ROOT}/benchmarks/train/{{method}}_seed{{seed}}.tsv"
     params:
         cfg=method_digest,
+    wildcard_constraints:
+        method=TRAINED_LABEL,
     threads: PRESET.train.threads
     resources:
-        gpu=0,
+        **RES["train"],
     shell:
-        HARNESS.format(cmd="train") + " --method {wildcards.method} --seed {wildcards.seed} > {log} 2>&1"
+        # `harness train`, or `accelerate launch ... -m harness.cli train` (train.launcher), optionally beside a
+        # vLLM server (train.vllm_mode=server): harness.resources.train_command
+        train_command(PRESET, HARNESS.removeprefix("harness ").format(cmd="train")
+                      + " --method {wildcards.method} --seed {wildcards.seed}", PATHS.warmstart_dir)
+
+
+if RELEASED:
+
+    rule fetch:
+        # an eval-only label: its released checkpoint becomes the run's ckpt-100 and run.json (harness/external.py)
+        output:
+            f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json",
+        log:
+            f"{ROOT}/logs/fetch/{{method}}_seed{{seed}}.log",
+        params:
+            checkpoint=lambda wildcards: RELEASED[wildcards.method],
+            dtype=PRESET.model.dtype,
+        wildcard_constraints:
+            method="|".join(re.escape(label) for label in RELEASED),
+        resources:
+            **RES["fetch"],
+        shell:
+            HARNESS.format(cmd="fetch") + " --method {wildcards.method} --seed {wildcards.seed} > {log} 2>&1"
 
 
 def eval_input(wildcards):
@@ -135,6 +177,8 @@ rule eval:
     params:
         cfg=EVAL_DIGEST,
     threads: PRESET.eval.threads
+    resources:
+        **RES["eval"],
     shell:
         HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
         " --bench all > {log} 2>&1"
@@ -149,5 +193,7 @@ rule report:
         REPORT_OUTPUTS,
     log:
         f"{ROOT}/logs/report.log",
+    resources:
+        **RES["report"],
     shell:
         HARNESS.format(cmd="report") + " > {log} 2>&1"

@@ -1,4 +1,4 @@
-"""``harness`` command line: data, warmstart, train, eval, report, inspect, new-method.
+"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, inspect, new-method.
 
 Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
 ``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing.
@@ -50,10 +50,19 @@ def cmd_train(args) -> None:
 
     resolved, paths = _resolve(args)
     method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
-    spec = load_method(args.method, method_overrides)
+    spec = load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
     record = run_training(resolved, spec, args.seed, paths)
     print(f"trained {spec.label} seed {args.seed}: {record['budget']['spent_steps']} steps, "
           f"{record['train_seconds']:.1f} s")
+
+
+def cmd_fetch(args) -> None:
+    from harness.external import fetch_checkpoint
+
+    resolved, paths = _resolve(args)
+    spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
+    record = fetch_checkpoint(resolved, spec, args.seed, paths)
+    print(f"fetched {spec.checkpoint} as {spec.label} seed {args.seed}: {record['external']['files_sha256']}")
 
 
 def cmd_eval(args) -> None:
@@ -90,6 +99,13 @@ def cmd_report(args) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
+def cmd_plan(args) -> None:
+    from harness.resources import format_plan
+
+    resolved, _ = _resolve(args)
+    print(format_plan(resolved))
+
+
 def cmd_inspect(args) -> None:
     from harness.inspect import inspect_batch
 
@@ -122,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, required=True)
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("fetch", help="save a released checkpoint (a label's `checkpoint:`) as an eval-only run")
+    _sweep_args(p)
+    p.add_argument("--method", required=True, help="method label whose config names a checkpoint")
+    p.add_argument("--seed", type=int, required=True)
+    p.set_defaults(func=cmd_fetch)
+
     p = sub.add_parser("eval", help="evaluate one checkpoint on one benchmark")
     _sweep_args(p)
     p.add_argument("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'")
@@ -135,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="render the leaderboard from the sweep's eval results")
     _sweep_args(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("plan", help="job counts and GPU-hours of a sweep, from its budget and resources")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")

@@ -1,7 +1,7 @@
 """Typed configuration: sweep -> preset -> method, resolved with OmegaConf and validated before any work.
 
 A sweep file (``configs/sweeps/<name>.yaml``) names a preset, the method labels and the seeds, and may override
-any preset section (``train``, ``eval``, ``model``, ``data``, ``warmstart``). A preset
+any preset section (``train``, ``eval``, ``model``, ``data``, ``warmstart``, ``resources``). A preset
 (``configs/preset/<name>.yaml``) fills the ``PresetConfig`` schema. A method label is a file
 ``configs/method/<label>.yaml`` holding ``method: <registered name>``, optionally ``seed_offset`` (added to the
 sweep's seeds, so a second label of the same method draws other randomness: the A/A check), plus fields of that
@@ -147,16 +147,29 @@ class TrainConfig:
     save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
     max_nonfinite_steps: int = 3  # steps with a NaN/inf loss are skipped; one more than this stops the run
     threads: int = 1  # torch CPU threads per job
+    # how the train job starts (harness/resources.py builds the command): `python` = one process (CPU or one
+    # GPU); `accelerate` = `accelerate launch` with one process per GPU of resources.train (minus vLLM server GPUs)
+    launcher: str = "python"
+    distributed: str = "ddp"  # accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml
+    use_vllm: bool = False  # rollouts with vLLM (TRL); False = transformers generate
+    vllm_mode: str = "colocate"  # colocate: vLLM inside each training process; server: `trl vllm-serve` on own GPUs
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU for vLLM; server: of the server's GPUs
+    vllm_tensor_parallel_size: int = 1  # colocate: ranks per vLLM engine; server: GPUs of the server
+    vllm_max_model_length: int = 0  # vLLM context (prompt + completion); 0 = the model's own
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     CHOICES = {"aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-               "scale_rewards": ("group", "none"), "reward": ("numeric", "math_verify")}
+               "scale_rewards": ("group", "none"), "reward": ("numeric", "math_verify"),
+               "launcher": ("python", "accelerate"), "distributed": ("ddp", "deepspeed_zero3", "fsdp"),
+               "vllm_mode": ("colocate", "server")}
     RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
               "max_completion_length": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0),
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
               "stats_chunk_size": (1, None), "threads": (1, None), "forward_chunk_rows": (1, None),
-              "save_every_steps": (0, None), "max_nonfinite_steps": (0, None)}
+              "save_every_steps": (0, None), "max_nonfinite_steps": (0, None),
+              "vllm_gpu_memory_utilization": (0.05, 1.0), "vllm_tensor_parallel_size": (1, None),
+              "vllm_max_model_length": (0, None)}
 
 
 @dataclass
@@ -205,6 +218,41 @@ class EvalConfig:
 
 
 @dataclass
+class JobResources:
+    """What one job of a rule asks a cluster for. The Snakefile passes these as the rule's ``resources``
+    (``harness.resources.snakemake_resources``); the SLURM executor plugin turns them into sbatch flags:
+    gpus -> ``--gpus`` (``--gpus=<gpu_model>:N``), cpus_per_gpu -> ``--cpus-per-gpu`` (GPU jobs; CPU jobs get
+    ``--cpus-per-task`` from the rule's threads), mem_mb -> ``--mem``, runtime (minutes) -> ``--time``,
+    partition -> ``--partition``, account -> ``--account``, extra -> verbatim (e.g. ``--qos=high``). A local run
+    ignores all but ``gpu``, which it enforces only with ``snakemake --resources gpu=N``."""
+
+    gpus: int = 0
+    gpu_model: str = ""  # e.g. h100; "" = any GPU
+    cpus_per_gpu: int = 8
+    mem_mb: int = 4000
+    runtime: int = 60  # minutes (the job's time limit)
+    partition: str = ""  # "" = the cluster's default partition
+    account: str = ""  # "" = the plugin's default (sacctmgr's default account)
+    extra: str = ""  # further sbatch flags
+    estimate_minutes: float = 0.0  # `harness plan`: expected minutes of one job; 0 = runtime (an upper bound)
+
+    RANGES = {"gpus": (0, None), "cpus_per_gpu": (1, None), "mem_mb": (1, None), "runtime": (1, None),
+              "estimate_minutes": (0.0, None)}
+
+
+@dataclass
+class ResourcesConfig:
+    """Per rule: data, warmstart (also fetch, the download of a released checkpoint), train, eval, report.
+    The defaults are CPU jobs; paper presets give train and eval GPUs."""
+
+    data: JobResources = field(default_factory=lambda: JobResources(mem_mb=4000, runtime=30))
+    warmstart: JobResources = field(default_factory=lambda: JobResources(mem_mb=16000, runtime=120))
+    train: JobResources = field(default_factory=lambda: JobResources(mem_mb=8000, runtime=240))
+    eval: JobResources = field(default_factory=lambda: JobResources(mem_mb=8000, runtime=120))
+    report: JobResources = field(default_factory=lambda: JobResources(mem_mb=8000, runtime=30))
+
+
+@dataclass
 class PresetConfig:
     """Model, data, prompt and protocol: everything a sweep fixes besides methods and seeds."""
 
@@ -215,6 +263,7 @@ class PresetConfig:
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # cluster jobs; not part of any result
 
     CHOICES = {"prompt_template": ("tiny", "qwen_boxed", "plain_8020", "chat")}
 
@@ -228,6 +277,7 @@ class SweepConfig:
     methods: list[str] = field(default_factory=lambda: ["uniform"])
     seeds: list[int] = field(default_factory=lambda: [0])
     results_dir: str = "results"
+    method_config_dirs: list[str] = field(default_factory=list)  # searched before configs/method (other packages)
 
 
 SWEEP_KEYS = {f.name for f in dataclasses.fields(SweepConfig)}
@@ -242,6 +292,7 @@ class MethodSpec:
     name: str
     params: Any
     seed_offset: int = 0  # added to every sweep seed of this label (A/A calibration: uniform under a 2nd label)
+    checkpoint: str = ""  # eval-only label: a released model (hub id[@revision] or local dir), fetched, not trained
 
 
 @dataclass
@@ -372,30 +423,78 @@ def resolve(sweep: str | Path | dict, overrides: list[str] | None = None) -> Res
         known = sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml"))
         raise ConfigError(f"{source}: key 'preset': no preset {sweep_cfg.preset!r}; known presets: {known}")
     preset_cfg = _merge(PresetConfig, [(str(preset_file), _load_yaml(preset_file)), (source, preset_part)])
-    for label in sweep_cfg.methods:
-        load_method(label)  # fail at start, not in the middle of a sweep
+    specs = [load_method(label, search_dirs=sweep_cfg.method_config_dirs)  # fail at start, not mid-sweep
+             for label in sweep_cfg.methods]
     if not sweep_cfg.seeds:
         raise ConfigError(f"{source}: key 'seeds': at least one seed is needed")
+    check_launch(preset_cfg, [s for s in specs if s.checkpoint], sweep_cfg.seeds, source)
     return Resolved(sweep_cfg, preset_cfg, source)
 
 
-def method_labels() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "method").glob("*.yaml"))
+def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
+    """Checks across sections: the launch settings against the GPUs the jobs get, and eval-only labels."""
+    train, res = preset.train, preset.resources
+    server = train.vllm_tensor_parallel_size if train.use_vllm and train.vllm_mode == "server" else 0
+    processes = 1 if train.launcher == "python" else res.train.gpus - server
+    problems = []
+    if train.launcher == "python" and res.train.gpus > 1 + server:
+        problems.append(f"train.launcher=python runs one process on one GPU but resources.train.gpus="
+                        f"{res.train.gpus}; set train.launcher=accelerate to train on all of them")
+    if train.launcher == "python" and train.distributed != "ddp":
+        problems.append(f"train.distributed={train.distributed} needs train.launcher=accelerate")
+    if train.launcher == "accelerate" and processes < 1:
+        problems.append(f"train.launcher=accelerate needs resources.train.gpus >= {server + 1} (one per training "
+                        f"process{', plus the vLLM server GPUs' if server else ''}), got {res.train.gpus}")
+    if train.use_vllm and res.train.gpus < 1:
+        problems.append("train.use_vllm=true needs resources.train.gpus >= 1")
+    if train.use_vllm and not server and processes >= 1 and processes % train.vllm_tensor_parallel_size:
+        problems.append(f"train.vllm_tensor_parallel_size={train.vllm_tensor_parallel_size} must divide the "
+                        f"{processes} training processes")
+    if processes >= 1 and train.prompts_per_step % processes:
+        problems.append(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {processes} "
+                        "training processes (each process holds whole prompt groups)")
+    vllm = preset.eval.vllm
+    if preset.eval.backend == "vllm" and res.eval.gpus != vllm.tensor_parallel_size * vllm.data_parallel_size:
+        problems.append(f"eval.backend=vllm with tensor_parallel_size={vllm.tensor_parallel_size} x "
+                        f"data_parallel_size={vllm.data_parallel_size} needs resources.eval.gpus="
+                        f"{vllm.tensor_parallel_size * vllm.data_parallel_size}, got {res.eval.gpus}")
+    if released and len(seeds) != 1:
+        problems.append(f"labels {[s.label for s in released]} evaluate one released checkpoint each (key "
+                        f"'checkpoint'), which has no seeds: such a sweep takes one seed, got {seeds}")
+    if released and list(train.budget.checkpoint_fractions) != [1.0]:
+        problems.append(f"labels {[s.label for s in released]} evaluate one released checkpoint each (key "
+                        "'checkpoint'): set train.budget.checkpoint_fractions to [1.0]")
+    if problems:
+        raise ConfigError(f"{origin}: " + "; ".join(problems))
 
 
-def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
-    """Read ``configs/method/<label>.yaml`` into the registered method's Config, applying ``method.*`` overrides."""
+def _method_dirs(search_dirs: list[str] | None) -> list[Path]:
+    return [REPO_ROOT / d if not Path(d).is_absolute() else Path(d) for d in search_dirs or []] + [
+        CONFIG_DIR / "method"]
+
+
+def method_labels(search_dirs: list[str] | None = None) -> list[str]:
+    return sorted({p.stem for d in _method_dirs(search_dirs) for p in d.glob("*.yaml")})
+
+
+def load_method(label: str, overrides: list[str] | None = None, search_dirs: list[str] | None = None) -> MethodSpec:
+    """Read ``<label>.yaml`` (from ``search_dirs``, then configs/method) into the registered method's Config,
+    applying ``method.*`` overrides."""
     from methods.registry import get_method_class
 
-    path = CONFIG_DIR / "method" / f"{label}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown method label {label!r}: no file {path.relative_to(REPO_ROOT)}; "
-                          f"known labels: {method_labels()}")
+    candidates = [d / f"{label}.yaml" for d in _method_dirs(search_dirs)]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        raise ConfigError(f"unknown method label {label!r}: no file {label}.yaml in "
+                          f"{[str(d) for d in _method_dirs(search_dirs)]}; known labels: {method_labels(search_dirs)}")
     raw = _load_yaml(path)
     name = raw.pop("method", None)
     seed_offset = raw.pop("seed_offset", 0)
     if not isinstance(seed_offset, int) or seed_offset < 0:
         raise ConfigError(f"{path}: key 'seed_offset' must be a non-negative integer, got {seed_offset!r}")
+    checkpoint = raw.pop("checkpoint", "")
+    if not isinstance(checkpoint, str):
+        raise ConfigError(f"{path}: key 'checkpoint' must be a hub id or a directory, got {checkpoint!r}")
     if name is None:
         raise ConfigError(f"{path}: key 'method' (the registered method name) is missing")
     try:
@@ -406,7 +505,7 @@ def load_method(label: str, overrides: list[str] | None = None) -> MethodSpec:
     if overrides:
         sources.append(("--set method.*", parse_overrides(overrides)))
     params = _merge(cls.Config, sources)
-    return MethodSpec(label, str(name), params, seed_offset)
+    return MethodSpec(label, str(name), params, seed_offset, checkpoint)
 
 
 def dump_yaml(obj: Any) -> str:

@@ -298,6 +298,8 @@ def render(evidence, resolved, summary, reported, figures: dict[str, Path], batc
     calibration = report.calibration_lines(evidence, summary)
     parts += [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
     parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in report.budget_warnings(evidence)]
+    parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
+              f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]
 
     parts.append("<h2 id='leaderboard'>Leaderboard</h2>")
     for ckpt in reversed(list(evidence.ckpts)):

@@ -20,9 +20,11 @@ in percent, beside a protocol note (format in ``configs/reported/README.md``).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,7 @@ class Evidence:
     metrics: dict[tuple[str, int], list[dict]]  # (label, seed) -> metrics.jsonl records
     results: dict[tuple[str, int, str, str], dict]  # (label, seed, ckpt, bench) -> results.json
     run_rows: list[dict] = field(default_factory=list)  # one per (label, seed, ckpt, bench)
+    failures: list[dict] = field(default_factory=list)  # runs left out: label, seed, stage, error head, log
 
     @property
     def metric_names(self) -> list[str]:
@@ -105,10 +108,50 @@ def _samples(path: Path) -> list[dict]:
     return rows
 
 
+def error_head(log: Path, max_lines: int = 3) -> str:
+    """The last error a job's log shows (the exception line of its last traceback, or the harness's own
+    ``error:`` line), for the report's list of failed runs."""
+    if not log.is_file():
+        return "no log: the job did not run (an upstream job failed or the sweep was interrupted)"
+    lines = [line.rstrip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    marks = [i for i, line in enumerate(lines)
+             if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line) or ": error:" in line or "Killed" in line]
+    if not marks:
+        return (lines[-1] if lines else "empty log")[:500]
+    return " | ".join(lines[marks[-1]:marks[-1] + max_lines])[:500]
+
+
+def find_failures(resolved: Resolved, paths: SweepPaths, ckpts: list[str], benches: list[str]) -> list[dict]:
+    """Runs whose training or evaluation outputs are missing, with the head of the error in their log."""
+    failures = []
+    for label in resolved.sweep.methods:
+        for seed in resolved.sweep.seeds:
+            if not (paths.run_dir(label, seed) / "run.json").is_file():
+                log = paths.root / "logs" / "train" / f"{label}_seed{seed}.log"
+                failures.append({"label": label, "seed": seed, "stage": "train", "error": error_head(log),
+                                 "log": str(log.relative_to(paths.root))})
+                continue
+            for ckpt in ckpts:
+                if not all((paths.eval_dir(label, seed, ckpt, b) / "results.json").is_file() for b in benches):
+                    log = paths.root / "logs" / "eval" / f"{label}_seed{seed}_{ckpt}.log"
+                    failures.append({"label": label, "seed": seed, "stage": f"eval {ckpt}", "error": error_head(log),
+                                     "log": str(log.relative_to(paths.root))})
+    return failures
+
+
 def read_sweep(resolved: Resolved, paths: SweepPaths) -> Evidence:
+    """The sweep's evidence. A label with any failed run (missing run.json or eval results) is left out of the
+    statistics, which pair seeds across labels, and listed with the head of its error (``snakemake -k`` finishes
+    the other jobs; ``harness report`` then renders what completed)."""
     sweep, preset = resolved.sweep, resolved.preset
     ckpts = {checkpoint_name(f): f for f in sorted(preset.train.budget.checkpoint_fractions)}
     benches = sorted(preset.eval.benchmarks)
+    failures = find_failures(resolved, paths, list(ckpts), benches)
+    failed_labels = {f["label"] for f in failures}
+    sweep = dataclasses.replace(sweep, methods=[m for m in sweep.methods if m not in failed_labels])
+    if not sweep.methods:
+        raise ValueError("report: every method label has a failed run: " + "; ".join(
+            f"{f['label']}/seed{f['seed']} {f['stage']}: {f['error']}" for f in failures))
     runs, metrics = {}, {}
     for label in sweep.methods:
         for seed in sweep.seeds:
@@ -151,7 +194,7 @@ def read_sweep(resolved: Resolved, paths: SweepPaths) -> Evidence:
                     scores[(label, ckpt, bench, "greedy")] = stats.score_matrix([c["greedy"] for c in cells],
                                                                                 problem_ids[bench])
     evidence = Evidence(list(sweep.methods), list(sweep.seeds), ckpts, benches, k, temperature, problem_ids, scores,
-                        runs, metrics, results)
+                        runs, metrics, results, failures=failures)
     evidence.run_rows = [_run_row(evidence, label, seed, ckpt, bench, per_problem[(label, seed, ckpt, bench)],
                                   paths) for label, seed, ckpt in evaluated for bench in benches]
     return evidence
@@ -547,6 +590,8 @@ def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], report
         if ckpt == final:
             parts += [f"- {line}" for line in calibration_lines(evidence, summary)]
             parts += [f"- **Budget not matched:** {line}" for line in budget_warnings(evidence)] + [""]
+        parts += [f"- **Failed run, left out:** `{f['label']}` seed {f['seed']} ({f['stage']}): {f['error']} "
+                  f"(log: `{f['log']}`)" for f in evidence.failures]
     parts += [f"## Per benchmark ({final})", ""]
     for bench in evidence.benches:
         parts += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]

@@ -76,28 +76,29 @@ def test_{name}_keeps_some_tokens_and_no_padding():
 '''
 
 
-def scaffold_method(name: str) -> list[Path]:
+def scaffold_method(name: str, root: Path = REPO_ROOT) -> list[Path]:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise ValueError(f"method name {name!r} must be a lowercase Python identifier (letters, digits, _)")
     cls = "".join(part.capitalize() for part in name.split("_"))
     files = {
-        REPO_ROOT / "methods" / f"{name}.py": MODULE.format(name=name, cls=cls, title=cls),
-        REPO_ROOT / "configs" / "method" / f"{name}.yaml": CONFIG.format(name=name, title=cls),
-        REPO_ROOT / "tests" / "methods" / f"test_{name}.py": TEST.format(name=name),
+        root / "methods" / f"{name}.py": MODULE.format(name=name, cls=cls, title=cls),
+        root / "configs" / "method" / f"{name}.yaml": CONFIG.format(name=name, title=cls),
+        root / "tests" / "methods" / f"test_{name}.py": TEST.format(name=name),
     }
-    taken = [str(p.relative_to(REPO_ROOT)) for p in files if p.exists()]
+    taken = [str(p.relative_to(root)) for p in files if p.exists()]
     if taken:
         raise ValueError(f"method {name!r} already exists: {', '.join(taken)}")
     for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    _register_import(name)
+    _register_import(name, root)
     return list(files)
 
 
-def _register_import(name: str) -> None:
+def _register_import(name: str, root: Path) -> None:
     """Built-in methods register by import in methods/__init__.py; a method in another package uses the
     ``harness.methods`` entry point group instead (README, "Add a method")."""
-    init = REPO_ROOT / "methods" / "__init__.py"
+    init = root / "methods" / "__init__.py"
     text = init.read_text(encoding="utf-8")
     line = f"from methods import {name}  # noqa: F401\n"
     if line not in text:

@@ -20,11 +20,12 @@ EXTRA_STATISTICS = ("entropy", "sum_p2")
 
 def completion_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              logits_to_keep: int) -> torch.Tensor:
-    """(B, L) prompt+completion -> (B, T, H) final hidden states at the positions that predict the T completion
-    tokens. Uses the decoder alone, so no logits are materialised; inputs are passed as TRL passes them."""
-    decoder = model.get_decoder()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return hidden[:, -logits_to_keep - 1:-1, :]
+    """(B, L) prompt+completion -> (B, T) x H final hidden states at the positions that predict the T completion
+    tokens. The model itself is called (not its inner decoder), so a DistributedDataParallel wrapper still
+    all-reduces the gradients; ``logits_to_keep=1`` keeps its LM head to a single position."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1,
+                use_cache=False)
+    return out.hidden_states[-1][:, -logits_to_keep - 1:-1, :]
 
 
 def _chunk_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -75,4 +76,5 @@ def model_token_statistics(model, input_ids: torch.Tensor, attention_mask: torch
     """Statistics of the last ``logits_to_keep`` tokens of ``input_ids`` under ``model``."""
     hidden = completion_hidden_states(model, input_ids, attention_mask, logits_to_keep)
     targets = input_ids[:, -logits_to_keep:]
-    return token_statistics(hidden, model.get_output_embeddings(), targets, extras, temperature, chunk_size)
+    lm_head = getattr(model, "module", model).get_output_embeddings()  # DDP wraps the model in .module
+    return token_statistics(hidden, lm_head, targets, extras, temperature, chunk_size)

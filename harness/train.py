@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -95,7 +96,6 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun."""
     from datasets import Dataset
     from transformers import set_seed
-    from transformers.trainer_utils import get_last_checkpoint
 
     from harness.trainer import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
     from methods.registry import get_method_class
@@ -107,7 +107,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
-    resume_from = get_last_checkpoint(str(run_dir / "trl")) if (run_dir / "trl").is_dir() else None
+    run_key = hashlib.sha256(json.dumps([resolved.to_dict()["preset"], spec.name, spec.params.__dict__, run_seed],
+                                        sort_keys=True, default=str).encode()).hexdigest()
+    resume_from = last_complete_checkpoint(run_dir / "trl", run_key)
     metrics_partial = run_dir / "metrics.jsonl.partial"
     if resume_from is None:
         _clear_run_outputs(run_dir, budget.checkpoint_fractions)
@@ -121,7 +123,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         model=model, processing_class=tokenizer, train_dataset=dataset,
         reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
         args=grpo_config(preset, run_dir, run_seed), method=method, preset=preset, run_seed=run_seed,
-        sample_batch_path=run_dir / "sample_batch.json")
+        sample_batch_path=run_dir / "sample_batch.json", run_key=run_key)
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
     trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs, metrics_partial))
     if resume_from is not None:
@@ -155,6 +157,28 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     }
     write_json_atomic(run_dir / "run.json", record)
     return record
+
+
+def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
+    """The newest trainer checkpoint of this configuration (``run_key``) that was completely written.
+
+    transformers writes checkpoint-N in place, so a job killed while saving leaves a partial folder: the budget
+    ledger, written last, marks a complete one; partial folders are removed so that no rerun picks them up.
+    Checkpoints of another configuration (the config changed since) are removed too: the run starts afresh."""
+    import shutil
+
+    from harness.trainer import LEDGER_FILE
+
+    if not trl_dir.is_dir():
+        return None
+    folders = sorted((p for p in trl_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+                     key=lambda p: int(p.name.split("-")[-1]))
+    for folder in reversed(folders):
+        ledger = folder / LEDGER_FILE
+        if ledger.is_file() and json.loads(ledger.read_text()).get("run_key") == run_key:
+            return str(folder)
+        shutil.rmtree(folder)
+    return None
 
 
 def _clear_run_outputs(run_dir: Path, fractions: list[float]) -> None:

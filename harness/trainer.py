@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -55,15 +56,52 @@ def reward_function(scorer: str, timeout_s: float):
     return correctness
 
 
+VLLM_PORT_ENV = ("HARNESS_VLLM_SERVER_PORT", "HARNESS_VLLM_GROUP_PORT")  # set by scripts/train-with-vllm-server.sh
+
+
+def per_device_rollouts(train, world_size: int) -> int:
+    """Rollouts per process and step: the step's ``prompts_per_step x num_generations`` split over the
+    ``world_size`` processes of ``accelerate launch`` (1 without it), whole prompt groups on each process."""
+    if train.prompts_per_step % world_size:
+        raise ValueError(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {world_size} "
+                         "training processes (each process holds whole prompt groups)")
+    return train.prompts_per_step // world_size * train.num_generations
+
+
+def vllm_settings(train, env=None) -> dict:
+    """GRPOConfig's vLLM fields from ``train.use_vllm`` / ``vllm_*``. Server mode reads the ports that
+    scripts/train-with-vllm-server.sh chose (free ports, so several jobs can share a node)."""
+    if not train.use_vllm:
+        return {"use_vllm": False}
+    out = {"use_vllm": True, "vllm_mode": train.vllm_mode,
+           "vllm_max_model_length": train.vllm_max_model_length or None}
+    if train.vllm_mode == "colocate":
+        out.update(vllm_gpu_memory_utilization=train.vllm_gpu_memory_utilization,
+                   vllm_tensor_parallel_size=train.vllm_tensor_parallel_size)
+    else:
+        env = os.environ if env is None else env
+        out.update(vllm_server_host="127.0.0.1", vllm_server_port=int(env.get(VLLM_PORT_ENV[0], 8000)),
+                   vllm_group_port=int(env.get(VLLM_PORT_ENV[1], 51216)),
+                   vllm_server_timeout=1800.0)  # the server loads the model while the trainer starts
+    return out
+
+
 def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     """TRL settings derived from the preset. TRL's loss switches are inert: ``_compute_loss`` is ours. The budget
-    stops the run (``BudgetCallback``); ``max_steps`` is the budget for a steps budget, else a safety cap."""
+    stops the run (``BudgetCallback``); ``max_steps`` is the budget for a steps budget, else a safety cap.
+
+    vLLM (``train.use_vllm``): TRL generates with vLLM, colocated in each training process or on a server
+    (``vllm_settings``). ``vllm_importance_sampling_correction`` stays off: TRL would then compute the sampler's
+    log-probs and hand ``importance_sampling_ratio`` to the loss, but ``_compute_loss`` here never reads it, so the
+    correction would cost a pass and change nothing. vLLM samples are therefore treated as on-policy, exactly as
+    ``generate`` samples are; the small sampler/trainer log-prob mismatch of bf16 kernels is not corrected.
+    """
     train = preset.train
     budget = train.budget
     max_steps = int(math.ceil(budget.amount)) if budget.kind == "steps" else budget.max_steps
     return GRPOConfig(
         output_dir=str(out_dir / "trl"),
-        per_device_train_batch_size=train.prompts_per_step * train.num_generations,
+        per_device_train_batch_size=per_device_rollouts(train, int(os.environ.get("WORLD_SIZE", "1"))),
         gradient_accumulation_steps=1,
         steps_per_generation=1,
         num_iterations=1,
@@ -84,6 +122,7 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         save_strategy="steps" if train.save_every_steps else "no",
         save_steps=train.save_every_steps or 500,
         save_only_model=False,
+        save_total_limit=2,  # the newest checkpoint may be partial if a job is killed mid-save
         report_to=[],
         seed=seed,
         data_seed=seed,
@@ -94,6 +133,7 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         remove_unused_columns=False,
         dataloader_num_workers=0,
         vllm_importance_sampling_correction=False,
+        **vllm_settings(train),
     )
 
 
@@ -101,8 +141,9 @@ class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
     def __init__(self, *args, method: Method, preset: PresetConfig, run_seed: int,
-                 sample_batch_path: Path | None = None, **kwargs):
+                 sample_batch_path: Path | None = None, run_key: str = "", **kwargs):
         super().__init__(*args, **kwargs)
+        self.run_key = run_key  # identifies the configuration; a checkpoint of another one is never resumed
         self.sample_batch_path = sample_batch_path
         self.method = method
         self.preset = preset
@@ -332,7 +373,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         from harness.datafiles import write_json_atomic
 
-        write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(),
+        write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(), "run_key": self.run_key,
                                                  "saved_checkpoints": self.saved_checkpoints})
 
     def restore_ledger(self, checkpoint: Path) -> None:

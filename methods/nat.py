@@ -18,10 +18,11 @@ surrogate; E_m[grad L_hat] = grad L because m / pi is a constant of theta. Two s
 RPC keeps a prefix, so ``before_forward`` zeroes ``completion_mask`` past each cut: causal attention makes the
 logits at t <= c_i depend only on prompt + y[:c_i], so the kept tokens' log-probs equal those of the full forward
 (tested with a tiny Llama). The saving: about half the completion tokens per row, (|o| + 1) / (2 |o|) kept on
-average. Beware of padding: ``prepare_batch`` cuts only the columns past the longest kept prefix of the whole
-batch, and E[max_i c_i] / |o| = B / (B + 1) for B rows of one length, so a padded forward saves little; the
-per-row saving needs padding-free packing (or micro-batches truncated separately) by the trainer, as the paper's
-measured 29 % presumably does. Metric ``forward_length_frac`` reports the padded shrink. URS cannot shorten
+average. Padding would hide it: ``prepare_batch`` cuts only the columns past the longest kept prefix of the
+whole batch, and E[max_i c_i] / |o| = B / (B + 1) for B rows of one length. The harness trainer therefore sorts
+rows by kept length and runs the forward in row chunks (``train.forward_chunk_rows``), each trimmed to its own
+longest row, so the per-row saving is real and counted in the FLOPs budget. Metric ``forward_length_frac``
+reports the whole-batch padded shrink. URS cannot shorten
 sequences: a kept token needs every earlier position in the forward, so URS leaves ``completion_mask`` (which may
 also serve as the attention mask) untouched and only reweights; it saves nothing beyond the LM-head rows a
 trainer might skip.

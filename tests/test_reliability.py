@@ -48,3 +48,68 @@ def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_sweep):
     with pytest.raises(NonFiniteLossError, match=r"test_nan_weights.*nan in 2 steps.*max_nonfinite_steps=1"):
         run(tiny_sweep, "train.budget.amount=4", "train.budget.checkpoint_fractions=[1.0]",
             "train.max_nonfinite_steps=1")
+
+
+TIMING_KEYS = ("seconds/", "budget/accel_seconds", "step_time", "time/", "train_runtime", "_per_second")
+
+
+def test_same_seed_gives_identical_metrics_on_cpu(tiny_sweep):
+    import json
+
+    overrides, paths = tiny_sweep
+    runs = []
+    for _ in range(2):
+        resolved = resolve({"name": "tiny", "preset": "tiny"}, [*overrides, "train.budget.amount=2",
+                                                                 "train.budget.checkpoint_fractions=[1.0]"])
+        from harness.config import load_method
+
+        run_training(resolved, load_method("entropy"), 0, paths)
+        lines = (paths.run_dir("entropy", 0) / "metrics.jsonl").read_text().splitlines()
+        runs.append([{k: v for k, v in json.loads(x).items() if not any(t in k for t in TIMING_KEYS)} for x in lines])
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 2 and "reward" in runs[0][0]
+
+
+def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tiny_sweep, tmp_path):
+    """The real thing: `harness train` killed with SIGKILL after its second checkpoint, then rerun."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    overrides, paths = tiny_sweep
+    settings = [*overrides, "train.budget.amount=6", "train.budget.checkpoint_fractions=[0.5,1.0]",
+                "train.save_every_steps=1"]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny"}))
+    command = [sys.executable, "-m", "harness.cli", "train", "--sweep", str(sweep), "--method", "uniform",
+               "--seed", "0", *[f"--set={o}" for o in settings]]
+    run_dir = paths.run_dir("uniform", 0)
+
+    def metrics():
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [{k: json.loads(x)[k] for k in ("step", "reward", "loss", "budget/flops_total")} for x in lines]
+
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    uninterrupted = metrics()
+    import shutil
+
+    shutil.rmtree(run_dir)
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = run_dir / "trl" / "checkpoint-2" / "harness_budget.json"
+    deadline = time.time() + 300
+    while not marker.exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    assert job.returncode == -signal.SIGKILL, "the job finished before it could be killed"
+    assert not (run_dir / "run.json").exists() and not (run_dir / "metrics.jsonl").exists()
+
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["resumed_from"] is not None and record["budget"]["spent_steps"] == 6
+    assert metrics() == uninterrupted

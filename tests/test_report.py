@@ -208,10 +208,22 @@ def test_report_is_deterministic(sweep, tmp_path):
     assert again == report.summarize(report.read_sweep(resolved, paths))
 
 
-def test_missing_results_name_the_file(tmp_path):
+def test_a_failed_run_is_listed_and_left_out(tmp_path):
     resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
     (paths.eval_dir("entropy", 0, "ckpt-100", "arith") / "results.json").unlink()
-    with pytest.raises(FileNotFoundError, match="entropy/seed0/ckpt-100/arith/results.json"):
+    log = paths.root / "logs" / "eval" / "entropy_seed0_ckpt-100.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("Traceback (most recent call last):\n  File x\nMemoryError: out of memory in generate\n")
+    report.write_leaderboard(resolved, paths)
+    leaderboard = (paths.root / "leaderboard.md").read_text()
+    assert "Failed run, left out:** `entropy` seed 0 (eval ckpt-100): MemoryError: out of memory" in leaderboard
+    assert "| entropy |" not in leaderboard
+
+
+def test_missing_warmstart_results_name_the_file(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
+    (paths.eval_dir("warmstart", 0, "ckpt-000", "arith") / "results.json").unlink()
+    with pytest.raises(FileNotFoundError, match="warmstart/seed0/ckpt-000/arith/results.json"):
         report.write_leaderboard(resolved, paths)
 
 

@@ -1,0 +1,186 @@
+"""Cluster jobs: each rule's Snakemake resources, the train job's launch command, job counts and GPU-hours.
+
+The Snakefile calls these small pure functions of the resolved configuration (tests/test_cluster.py checks them
+and the DAG they give); ``harness plan`` prints the cost of a sweep from them.
+
+- ``snakemake_resources(job)``: a rule's ``resources:`` from ``resources.<rule>`` of the preset. Keys are the
+  ones the SLURM executor plugin reads (``gpu``, ``gpu_model``, ``cpus_per_gpu``, ``mem_mb``, ``runtime``,
+  ``slurm_partition``, ``slurm_account``, ``slurm_extra``); the profile (profiles/slurm/profile.yaml) only sets
+  executor options.
+- ``train_command(preset, ...)``: ``harness train`` directly (``train.launcher=python``: one process, CPU or one
+  GPU), or through ``accelerate launch`` with the shipped config of ``train.distributed``
+  (configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml) and one process per GPU; with ``train.vllm_mode=server``
+  wrapped in scripts/train-with-vllm-server.sh, which starts TRL's vLLM server on the job's last
+  ``train.vllm_tensor_parallel_size`` GPUs and trains on the others.
+- ``job_counts`` / ``plan``: how many jobs of each rule a sweep has and what they cost in GPU-hours.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import REPO_ROOT, JobResources, PresetConfig, Resolved, TrainConfig, load_method
+
+ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
+VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
+RULE_RESOURCES = {"data": "data", "warmstart": "warmstart", "fetch": "warmstart", "train": "train", "eval": "eval",
+                  "report": "report"}  # rule -> section of ``resources`` it takes
+
+
+def snakemake_resources(job: JobResources) -> dict[str, int | str]:
+    """A rule's ``resources:`` mapping. ``gpu`` is always present (0 for CPU jobs), so a local run can cap GPUs
+    with ``--resources gpu=N``; empty strings are left out, so the cluster's defaults apply."""
+    out: dict[str, int | str] = {"gpu": job.gpus, "mem_mb": job.mem_mb, "runtime": job.runtime}
+    if job.gpus:
+        out["cpus_per_gpu"] = job.cpus_per_gpu
+        if job.gpu_model:
+            out["gpu_model"] = job.gpu_model
+    for key, value in (("slurm_partition", job.partition), ("slurm_account", job.account),
+                       ("slurm_extra", job.extra)):
+        if value:
+            out[key] = value
+    return out
+
+
+def rule_resources(preset: PresetConfig) -> dict[str, dict[str, int | str]]:
+    """``snakemake_resources`` for every rule of the Snakefile."""
+    return {rule: snakemake_resources(getattr(preset.resources, section)) for rule, section in RULE_RESOURCES.items()}
+
+
+def vllm_server_gpus(train: TrainConfig) -> int:
+    """GPUs of the train job that serve rollouts (``vllm_mode=server``); 0 otherwise."""
+    return train.vllm_tensor_parallel_size if train.use_vllm and train.vllm_mode == "server" else 0
+
+
+def training_processes(preset: PresetConfig) -> int:
+    """Processes of one train job: 1 for the python launcher, else one per GPU not serving vLLM."""
+    if preset.train.launcher == "python":
+        return 1
+    return preset.resources.train.gpus - vllm_server_gpus(preset.train)
+
+
+def mixed_precision(dtype: str) -> str:
+    """accelerate's --mixed_precision for ``model.dtype``."""
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "no")
+
+
+def accelerate_config(distributed: str) -> Path:
+    return ACCELERATE_DIR / f"{distributed}.yaml"
+
+
+def train_command(preset: PresetConfig, harness_args: str, model_dir: Path | str, log: str = "{log}") -> str:
+    """The train rule's shell command (Snakemake placeholders in ``harness_args`` and ``log`` pass through).
+
+    ``harness_args``: the arguments after ``harness``, e.g. ``train --sweep F --method {wildcards.method} ...``;
+    ``model_dir``: the starting policy, which a vLLM server loads before the first weight sync.
+    """
+    train = preset.train
+    if train.launcher == "python":
+        command = f"harness {harness_args}"
+    else:
+        command = " ".join([
+            "accelerate launch", "--config_file", shlex.quote(str(accelerate_config(train.distributed))),
+            "--num_processes", str(training_processes(preset)), "--num_machines 1",
+            "--main_process_port 0",  # a free port: several train jobs may share a node
+            "--mixed_precision", mixed_precision(preset.model.dtype), "-m harness.cli", harness_args])
+    server = vllm_server_gpus(train)
+    if server:
+        command = " ".join(["bash", shlex.quote(str(VLLM_SERVER_SCRIPT)), shlex.quote(str(model_dir)), str(server),
+                            str(train.vllm_gpu_memory_utilization), str(train.vllm_max_model_length),
+                            f"{log}.vllm", "--", command])
+    return f"{command} > {log} 2>&1"
+
+
+# --- job counts and cost ------------------------------------------------------------------------------------------
+
+
+def released_checkpoints(resolved: Resolved) -> dict[str, str]:
+    """Eval-only labels of the sweep (their method config names a ``checkpoint``) -> that checkpoint."""
+    search_dirs = resolved.sweep.method_config_dirs
+    specs = [load_method(label, search_dirs=search_dirs) for label in resolved.sweep.methods]
+    return {spec.label: spec.checkpoint for spec in specs if spec.checkpoint}
+
+
+def job_counts(resolved: Resolved) -> dict[str, int]:
+    """Jobs per rule of the full DAG (what ``snakemake -n`` lists on a fresh results folder)."""
+    sweep = resolved.sweep
+    released = released_checkpoints(resolved)
+    trained = [label for label in sweep.methods if label not in released]
+    n_ckpts = len(resolved.preset.train.budget.checkpoint_fractions)
+    counts = {"data": 1, "warmstart": 1, "train": len(trained) * len(sweep.seeds),
+              "fetch": len(released) * len(sweep.seeds),
+              "eval": len(sweep.methods) * len(sweep.seeds) * n_ckpts + 1,  # + the warm start (reference row)
+              "report": 1, "all": 1}
+    return {rule: n for rule, n in counts.items() if n}
+
+
+@dataclass
+class PlanRow:
+    rule: str
+    jobs: int
+    gpus: int  # per job
+    hours: float  # per job
+    basis: str  # where ``hours`` comes from
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.jobs * self.gpus * self.hours
+
+
+def _estimate_hours(job: JobResources) -> tuple[float, str]:
+    if job.estimate_minutes > 0:
+        return job.estimate_minutes / 60.0, "resources estimate_minutes"
+    return job.runtime / 60.0, "resources runtime limit (upper bound)"
+
+
+def plan(resolved: Resolved) -> list[PlanRow]:
+    """Cost of every rule: train from the budget (``accel_seconds`` are measured per GPU, so a train job costs
+    amount x GPUs), everything else from ``resources.<rule>.estimate_minutes`` (or its runtime limit)."""
+    preset, counts = resolved.preset, job_counts(resolved)
+    budget, res = preset.train.budget, preset.resources
+    rows = []
+    for rule, section in RULE_RESOURCES.items():
+        if rule not in counts:
+            continue
+        job = getattr(res, section)
+        hours, basis = _estimate_hours(job)
+        if rule == "train" and budget.kind == "accel_seconds":
+            hours, basis = budget.amount / 3600.0, f"budget {budget.amount:g} accel_seconds per GPU"
+        rows.append(PlanRow(rule, counts[rule], job.gpus, hours, basis))
+    return rows
+
+
+def plan_warnings(resolved: Resolved) -> list[str]:
+    """Settings that would make jobs fail on a cluster, found before submitting anything."""
+    preset = resolved.preset
+    budget, train_job = preset.train.budget, preset.resources.train
+    warnings = []
+    if budget.kind == "accel_seconds" and train_job.runtime * 60 < budget.amount:
+        resume = ("it resumes from its last trainer checkpoint when rerun (train.save_every_steps="
+                  f"{preset.train.save_every_steps})" if preset.train.save_every_steps else
+                  "set train.save_every_steps > 0 so that a rerun resumes instead of starting over")
+        warnings.append(f"a train job needs at least {budget.amount / 60:.0f} min of accelerator time but "
+                        f"resources.train.runtime is {train_job.runtime} min: SLURM stops it early; {resume}")
+    if any(getattr(preset.resources, s).gpus for s in ("data", "warmstart", "report")):
+        warnings.append("data, warmstart and report are CPU jobs; their resources ask for GPUs")
+    return warnings
+
+
+def format_plan(resolved: Resolved) -> str:
+    rows = plan(resolved)
+    total = sum(r.gpu_hours for r in rows)
+    lines = [f"sweep {resolved.sweep.name!r} (preset {resolved.preset.name!r}): {len(resolved.sweep.methods)} "
+             f"labels x {len(resolved.sweep.seeds)} seeds, {len(resolved.preset.train.budget.checkpoint_fractions)} "
+             f"checkpoint(s) per run, {len(resolved.preset.eval.benchmarks)} benchmarks per eval job", "",
+             f"{'rule':<10} {'jobs':>5} {'GPUs/job':>9} {'h/job':>8} {'GPU-h':>10}  basis"]
+    for r in rows:
+        lines.append(f"{r.rule:<10} {r.jobs:>5} {r.gpus:>9} {r.hours:>8.2f} {r.gpu_hours:>10.1f}  {r.basis}")
+    lines += [f"{'total':<10} {sum(r.jobs for r in rows):>5} {'':>9} {'':>8} {total:>10.1f}  GPU-hours", ""]
+    train = next((r for r in rows if r.rule == "train"), None)
+    if train and train.jobs:
+        lines.append(f"train: {train.jobs} runs x {train.gpus} GPUs x {train.hours:.2f} h; loading, checkpoint "
+                     "saving and reward scoring come on top of the budget")
+    lines += [f"warning: {w}" for w in plan_warnings(resolved)]
+    return "\n".join(lines)

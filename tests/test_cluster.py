@@ -1,0 +1,326 @@
+"""Cluster scale: resources per rule, launch commands, launch checks, job counts and GPU-hours, the paper sweeps'
+DAGs dry-run through the SLURM profile (nothing is submitted), and the eval-only mode for released checkpoints."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.config import REPO_ROOT, ConfigError, JobResources, resolve
+from harness.resources import (
+    format_plan,
+    job_counts,
+    plan,
+    plan_warnings,
+    rule_resources,
+    snakemake_resources,
+    train_command,
+    training_processes,
+)
+
+SWEEPS = REPO_ROOT / "configs" / "sweeps"
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+HAS_SLURM_PLUGIN = importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None
+
+# sweep -> (jobs per rule of a fresh DAG, GPUs of a train job, GPUs of an eval job)
+PAPER_SWEEPS = {
+    "paper-8020": ({"data": 1, "warmstart": 1, "train": 6, "eval": 13, "report": 1, "all": 1}, 8, 1),
+    "paper-ktae": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
+    "paper-ktae-grpo": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
+    "paper-gmts": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
+    "paper-d3s": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 8, 1),
+    "paper-rsi": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
+    "paper-nat": ({"data": 1, "warmstart": 1, "train": 9, "eval": 19, "report": 1, "all": 1}, 8, 1),
+    "published-checkpoints": ({"data": 1, "warmstart": 1, "fetch": 4, "eval": 5, "report": 1, "all": 1}, 0, 1),
+}
+
+
+def _preset(sweep: str, *overrides: str):
+    return resolve(SWEEPS / f"{sweep}.yaml", list(overrides)).preset
+
+
+# --- resources per rule -------------------------------------------------------------------------------------------
+
+
+def test_cpu_job_resources_carry_no_gpu_or_cluster_strings():
+    assert snakemake_resources(JobResources(mem_mb=2000, runtime=30)) == {"gpu": 0, "mem_mb": 2000, "runtime": 30}
+
+
+def test_gpu_job_resources_map_to_plugin_keys():
+    job = JobResources(gpus=4, gpu_model="h100", cpus_per_gpu=12, mem_mb=256000, runtime=900, partition="gpu",
+                       account="proj", extra="--qos=high")
+    assert snakemake_resources(job) == {"gpu": 4, "gpu_model": "h100", "cpus_per_gpu": 12, "mem_mb": 256000,
+                                        "runtime": 900, "slurm_partition": "gpu", "slurm_account": "proj",
+                                        "slurm_extra": "--qos=high"}
+
+
+def test_every_rule_has_resources_and_fetch_takes_warmstarts():
+    res = rule_resources(_preset("paper-8020", "resources.warmstart.partition=cpu"))
+    assert set(res) == {"data", "warmstart", "fetch", "train", "eval", "report"}
+    assert res["fetch"] == res["warmstart"] and res["fetch"]["slurm_partition"] == "cpu"
+    assert (res["train"]["gpu"], res["eval"]["gpu"], res["data"]["gpu"], res["report"]["gpu"]) == (8, 1, 0, 0)
+
+
+def test_cpu_presets_keep_cpu_jobs_and_the_python_launcher():
+    for sweep in ("default", "smol"):
+        preset = _preset(sweep)
+        assert preset.train.launcher == "python" and not preset.train.use_vllm and preset.eval.backend == "hf"
+        assert all(r["gpu"] == 0 for r in rule_resources(preset).values())
+
+
+# --- the train command --------------------------------------------------------------------------------------------
+
+ARGS = "train --sweep S --method {wildcards.method} --seed {wildcards.seed}"
+
+
+def test_python_launcher_runs_harness_directly():
+    assert train_command(_preset("default"), ARGS, "/w") == f"harness {ARGS} > {{log}} 2>&1"
+
+
+@pytest.mark.parametrize("distributed", ["ddp", "deepspeed_zero3", "fsdp"])
+def test_accelerate_launcher_uses_the_backend_config_and_one_process_per_gpu(distributed):
+    preset = _preset("paper-ktae", f"train.distributed={distributed}")
+    command = train_command(preset, ARGS, "/w")
+    config = REPO_ROOT / "configs" / "accelerate" / f"{distributed}.yaml"
+    assert command.startswith(f"accelerate launch --config_file {config} --num_processes 4 --num_machines 1 "
+                              "--main_process_port 0 --mixed_precision bf16 -m harness.cli " + ARGS)
+    assert command.endswith("> {log} 2>&1")
+    expected = {"ddp": "MULTI_GPU", "deepspeed_zero3": "DEEPSPEED", "fsdp": "FSDP"}[distributed]
+    assert yaml.safe_load(config.read_text())["distributed_type"] == expected
+
+
+def test_vllm_server_mode_gives_the_server_its_own_gpus():
+    preset = _preset("paper-ktae", "train.vllm_mode=server", "train.vllm_tensor_parallel_size=2",
+                     "train.vllm_gpu_memory_utilization=0.9", "resources.train.gpus=6")
+    assert training_processes(preset) == 4
+    command = train_command(preset, ARGS, "/w/model")
+    script = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
+    assert command.startswith(f"bash {script} /w/model 2 0.9 4096 {{log}}.vllm -- accelerate launch ")
+    assert "--num_processes 4 " in command
+
+
+def test_grpo_config_maps_the_vllm_settings_and_splits_the_batch_over_processes(monkeypatch):
+    from harness.trainer import grpo_config, per_device_rollouts, vllm_settings
+
+    preset = _preset("paper-ktae")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process here; accelerate launch sets it per process
+    config = grpo_config(preset, Path("/tmp/unused"), 0)
+    assert config.per_device_train_batch_size == 128 * 16
+    assert per_device_rollouts(preset.train, 4) == 128 // 4 * 16
+    assert (config.use_vllm, config.vllm_mode, config.vllm_gpu_memory_utilization, config.vllm_tensor_parallel_size,
+            config.vllm_max_model_length) == (True, "colocate", 0.3, 1, 4096)
+    assert config.vllm_importance_sampling_correction is False  # the loss never reads TRL's IS ratio
+    server = _preset("paper-ktae", "train.vllm_mode=server", "resources.train.gpus=5").train
+    settings = vllm_settings(server, {"HARNESS_VLLM_SERVER_PORT": "8123", "HARNESS_VLLM_GROUP_PORT": "8124"})
+    assert (settings["vllm_mode"], settings["vllm_server_port"], settings["vllm_group_port"]) == ("server", 8123, 8124)
+    assert vllm_settings(_preset("default").train) == {"use_vllm": False}
+    with pytest.raises(ValueError, match="multiple of the 3 training processes"):
+        per_device_rollouts(preset.train, 3)
+
+
+# --- launch checks ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sweep, overrides, fragment", [
+    ("default", ["resources.train.gpus=2"], "set train.launcher=accelerate"),
+    ("default", ["train.distributed=fsdp"], "needs train.launcher=accelerate"),
+    ("default", ["train.launcher=accelerate"], "needs resources.train.gpus >= 1"),
+    ("default", ["train.use_vllm=true"], "train.use_vllm=true needs resources.train.gpus >= 1"),
+    ("paper-ktae", ["train.vllm_tensor_parallel_size=3"], "must divide the 4 training processes"),
+    ("paper-ktae", ["resources.train.gpus=3"], "multiple of the 3 training processes"),
+    ("paper-ktae", ["train.vllm_mode=server"], "must be a multiple of the 3 training processes"),
+    ("paper-ktae", ["eval.vllm.tensor_parallel_size=2"], "needs resources.eval.gpus=2"),
+    ("published-checkpoints", ["seeds=[0,1]"], "such a sweep takes one seed"),
+    ("published-checkpoints", ["train.budget.checkpoint_fractions=[0.5,1.0]"], "checkpoint_fractions to [1.0]"),
+])
+def test_launch_settings_are_checked_against_the_gpus(sweep, overrides, fragment):
+    with pytest.raises(ConfigError) as info:
+        resolve(SWEEPS / f"{sweep}.yaml", overrides)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.launcher=mpirun", "train.launcher"),
+    ("train.vllm_mode=remote", "colocate"),
+    ("resources.eval.gpus=-1", "resources.eval.gpus"),
+    ("resources.train.runtime=0", "outside the allowed range"),
+    ("resources.train.gpu=1", "allowed keys here"),
+])
+def test_resource_and_launch_keys_are_validated(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        resolve(SWEEPS / "default.yaml", [override])
+    assert fragment in str(info.value)
+
+
+# --- job counts and GPU-hours -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sweep", sorted(PAPER_SWEEPS))
+def test_job_counts_of_each_paper_sweep(sweep):
+    expected, _, _ = PAPER_SWEEPS[sweep]
+    assert job_counts(resolve(SWEEPS / f"{sweep}.yaml")) == expected
+
+
+def test_plan_gpu_hours_follow_the_budget_and_the_eval_estimate():
+    resolved = resolve(SWEEPS / "paper-8020.yaml")
+    rows = {r.rule: r for r in plan(resolved)}
+    assert rows["train"].gpu_hours == pytest.approx(6 * 8 * 24.0)  # 6 runs x 8 GPUs x 86400 accel_seconds
+    assert rows["eval"].gpu_hours == pytest.approx(13 * 1 * 300 / 60)  # 13 jobs x 1 GPU x estimate_minutes
+    assert rows["data"].gpu_hours == 0 and "fetch" not in rows
+    text = format_plan(resolved)
+    assert "1217.0  GPU-hours" in text and "warning" not in text
+
+
+def test_plan_warns_when_the_time_limit_is_below_the_budget():
+    short = resolve(SWEEPS / "paper-ktae.yaml", ["resources.train.runtime=600"])
+    assert any("SLURM stops it early" in w and "resumes" in w for w in plan_warnings(short))
+
+
+def test_harness_plan_cli(capsys):
+    from harness.cli import main
+
+    assert main(["plan", "--sweep", str(SWEEPS / "published-checkpoints.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^fetch\s+4\s+0", out, flags=re.M) and re.search(r"^eval\s+5\s+1", out, flags=re.M)
+
+
+# --- the DAG through the SLURM profile (dry run: nothing is submitted) ----------------------------------------------
+
+
+def dry_run(sweep_file: Path, workdir: Path, *extra: str) -> str:
+    """``snakemake -n --profile profiles/slurm`` (with the SLURM executor plugin, the `cluster` extra; without it,
+    the same profile with the executor overridden to local), results under ``workdir``."""
+    executor = [] if HAS_SLURM_PLUGIN else ["--executor", "local"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run([*SNAKEMAKE, "-n", "--profile", str(REPO_ROOT / "profiles" / "slurm"), *executor,
+                          "--snakefile", str(REPO_ROOT / "Snakefile"), "--directory", str(workdir),
+                          "--configfile", str(sweep_file), "--config", f"results_dir={workdir / 'results'}", *extra],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout + run.stderr
+
+
+def job_blocks(output: str) -> list[dict]:
+    """Each job of a dry run: rule, resources (as a dict) and shell command."""
+    jobs = []
+    for block in re.split(r"\n(?=\[[^\]]+\]\nrule )", output):
+        rule = re.search(r"^rule (\w+):", block, flags=re.M)
+        if not rule:
+            continue
+        resources = re.search(r"^\s+resources: (.*)$", block, flags=re.M)
+        pairs = dict(kv.split("=", 1) for kv in resources.group(1).split(", ")) if resources else {}
+        shell = re.search(r"^Shell command: (.*)$", block, flags=re.M)
+        jobs.append({"rule": rule.group(1), "resources": pairs, "shell": shell.group(1) if shell else ""})
+    return jobs
+
+
+def job_stats(output: str) -> dict[str, int]:
+    table = output.split("Job stats:")[1].split("\n\n")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.M)
+            if m.group(1) != "total"}
+
+
+@pytest.mark.parametrize("sweep", sorted(PAPER_SWEEPS))
+def test_paper_sweep_dry_run_with_the_slurm_profile(sweep, tmp_path):
+    expected, train_gpus, eval_gpus = PAPER_SWEEPS[sweep]
+    output = dry_run(SWEEPS / f"{sweep}.yaml", tmp_path)
+    assert job_stats(output) == expected
+    jobs = job_blocks(output)
+    assert sorted(j["rule"] for j in jobs) == sorted(r for r, n in expected.items() for _ in range(n))
+    preset = resolve(SWEEPS / f"{sweep}.yaml").preset
+    for job in jobs:
+        resources = job["resources"]
+        if job["rule"] == "all":
+            continue
+        gpus = {"train": train_gpus, "eval": eval_gpus}.get(job["rule"], 0)
+        assert int(resources["gpu"]) == gpus, job
+        assert ("cpus_per_gpu" in resources) == (gpus > 0)
+        section = "warmstart" if job["rule"] == "fetch" else job["rule"]
+        assert int(resources["mem_mb"]) == getattr(preset.resources, section).mem_mb
+        assert int(resources["runtime"]) == getattr(preset.resources, section).runtime
+        if job["rule"] == "train":
+            assert job["shell"].startswith("accelerate launch ") and f"--num_processes {train_gpus} " in job["shell"]
+            assert f"{preset.train.distributed}.yaml" in job["shell"]
+
+
+def test_partition_and_account_come_from_the_config(tmp_path):
+    output = dry_run(SWEEPS / "paper-ktae.yaml", tmp_path, "resources={train: {partition: gpu-long, account: "
+                     "proj}, data: {partition: cpu}}")
+    jobs = job_blocks(output)
+    train = next(j for j in jobs if j["rule"] == "train")["resources"]
+    data = next(j for j in jobs if j["rule"] == "data")["resources"]
+    assert (train["slurm_partition"], train["slurm_account"], data["slurm_partition"]) == ("gpu-long", "proj", "cpu")
+    assert "slurm_account" not in data
+
+
+def test_default_sweep_dry_run_is_unchanged_by_the_profile(tmp_path):
+    output = dry_run(SWEEPS / "default.yaml", tmp_path)
+    assert job_stats(output) == {"data": 1, "warmstart": 1, "train": 14, "eval": 29, "report": 1, "all": 1}
+    train = [j for j in job_blocks(output) if j["rule"] == "train"]
+    assert all(j["shell"].startswith("harness train --sweep ") and j["resources"]["gpu"] == "0" for j in train)
+
+
+def test_profile_sets_executor_options_only():
+    profile = yaml.safe_load((REPO_ROOT / "profiles" / "slurm" / "profile.yaml").read_text())
+    assert profile["executor"] == "slurm"
+    assert not {"default-resources", "set-resources", "set-threads", "resources"} & set(profile)
+
+
+def test_shell_scripts_parse():
+    for script in ("train-with-vllm-server.sh", "gpu-smoke.sh"):
+        subprocess.run(["bash", "-n", str(REPO_ROOT / "scripts" / script)], check=True)
+
+
+# --- eval-only labels: released checkpoints -----------------------------------------------------------------------
+
+
+def test_fetch_saves_a_local_checkpoint_as_an_eval_only_run(tiny_model_dir, tmp_path):
+    from harness.config import load_method
+    from harness.external import fetch_checkpoint, split_checkpoint
+    from harness.paths import SweepPaths
+
+    methods = tmp_path / "methods"
+    methods.mkdir()
+    (methods / "released-tiny.yaml").write_text(f"method: ktae\ncheckpoint: {tiny_model_dir}\n")
+    resolved = resolve({"name": "rel", "preset": "tiny", "methods": ["released-tiny"], "seeds": [0],
+                        "results_dir": str(tmp_path / "results"), "method_config_dirs": [str(methods)],
+                        "train": {"budget": {"checkpoint_fractions": [1.0]}}})
+    spec = load_method("released-tiny", search_dirs=[str(methods)])
+    paths = SweepPaths(resolved.results_dir)
+    record = fetch_checkpoint(resolved, spec, 0, paths)
+    run = json.loads((paths.run_dir("released-tiny", 0) / "run.json").read_text())
+    assert run == json.loads(json.dumps(record))
+    assert run["method"]["name"] == "ktae" and run["external"]["checkpoint"] == str(tiny_model_dir)
+    assert run["budget"]["checkpoints"] == {"ckpt-100": None}
+    saved = paths.checkpoint_dir("released-tiny", 0, "ckpt-100")
+    assert (saved / "config.json").is_file() and "model.safetensors" in run["external"]["files_sha256"]
+    assert split_checkpoint("SunW7777/DAPO_KTAE_1.5B@abc123") == ("SunW7777/DAPO_KTAE_1.5B", "abc123")
+    assert split_checkpoint("SunW7777/DAPO_KTAE_1.5B") == ("SunW7777/DAPO_KTAE_1.5B", None)
+
+
+@pytest.mark.slow
+def test_eval_only_sweep_runs_through_the_report(tiny_model_dir, tmp_path):
+    """data -> warmstart (reference) and fetch -> eval -> report, with no train job (about a minute on CPU)."""
+    methods = tmp_path / "methods"
+    methods.mkdir()
+    (methods / "released-tiny.yaml").write_text(f"method: ktae\ncheckpoint: {tiny_model_dir}\n")
+    sweep = tmp_path / "rel.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "rel", "preset": "tiny", "methods": ["released-tiny"], "seeds": [0],
+        "results_dir": str(tmp_path / "results"), "method_config_dirs": [str(methods)],
+        "data": {"synthetic": {"n_train": 500, "n_eval": 6, "n_ood": 4}}, "warmstart": {"steps": 5, "batch_size": 8},
+        "train": {"budget": {"checkpoint_fractions": [1.0]}}, "eval": {"k": 2, "max_gen_toks": 24}}))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run([*SNAKEMAKE, "--snakefile", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
+                          "--configfile", str(sweep), "--cores", "2"], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "rule train:" not in run.stdout + run.stderr
+    rows = (tmp_path / "results" / "rel" / "leaderboard_runs.csv").read_text()
+    assert "released-tiny,0,ckpt-100,arith," in rows and "warmstart,0,ckpt-000,arith," in rows
