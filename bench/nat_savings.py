@@ -1,0 +1,318 @@
+"""NAT random prefix cutting (RPC): training forward + backward time and peak memory saved against uniform, on the
+same generated batch, smol preset (SmolLM2-135M).
+
+The batch: one training step of the smol preset (``prompts_per_step`` x ``num_generations`` rollouts of training
+prompts, TRL's sampling settings, scored with the preset's reward), sampled once per completion length and cached
+in the work directory. Lengths: the preset's ``max_completion_length`` (64) and a longer one (default 256), closer
+to the regime of the paper (long completions, prompts a small share of the positions).
+
+What is measured is exactly the trainer's training side: ``hooks.prepare_batch`` (NAT's ``before_forward`` draws the
+cut, the batch is truncated), ``TargetedGRPOTrainer._reduced_batch``, ``_compute_loss`` (rows sorted by length and
+cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
+statistics) and ``loss.backward()``. The cut differs per repeat (``ctx.step = repeat``), so the saving averages over
+cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts, so the batch is padded to
+the longest kept prefix of all rows) and 1 (every row trimmed to its own cut).
+
+Time: uniform and NAT interleaved in one process (U N N U ...), one warm-up pair, medians over pairs.
+Memory: one subprocess per (setting, variant); after a warm-up forward + backward (gradients then freed, as
+``zero_grad(set_to_none=True)`` does between steps) the RSS is the baseline, the kernel's peak mark (VmHWM) is reset
+(/proc/self/clear_refs) before each measured forward + backward, and the peak above the baseline is read
+(ru_maxrss is recorded too). The working memory includes the parameter gradients (allocated in every backward);
+the activation part is that minus the gradients' bytes.
+
+Targets (paper, Qwen3-8B: 29% time and 18% memory): forward + backward time saved >= 25%, peak memory saved >= 15%.
+
+Usage:  python bench/nat_savings.py [--lengths 64,256] [--chunk-rows 16,1] [--repeats 5] [--mem-repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import (DEFAULT_WORKDIR, Timer, current_rss_bytes, describe, environment, fmt_ratio,
+                     hwm_bytes, model_dir_for, paired_ratio, reset_peak_rss, ru_maxrss_bytes, sample_rollouts,
+                     smol_sweep, table, tiny_sweep, training_dataset, trl_generation_config, update_summary, verdict, write_result)
+
+TIME_TARGET, MEMORY_TARGET = 0.25, 0.15
+MB = 1024 * 1024
+
+
+def batch_path(workdir: Path, length: int, preset: str = "smol") -> Path:
+    return workdir / "nat_savings" / f"batch_{preset}_L{length}.pt"
+
+
+def sweep(args):
+    if args.preset == "tiny":  # smoke checks only
+        return tiny_sweep(args.workdir, args.warmstart_steps)
+    return smol_sweep(args.workdir)
+
+
+def ensure_batch(resolved, paths, workdir: Path, length: int) -> Path:
+    """Sample (once) one training step of the smol preset with ``max_completion_length = length``."""
+    import torch
+
+    from harness.models import load_policy
+    from harness.trainer import grpo_config, reward_function
+
+    path = batch_path(workdir, length, resolved.preset.name)
+    if path.is_file():
+        return path
+    preset = copy.deepcopy(resolved.preset)
+    preset.train.max_completion_length = length
+    torch.set_num_threads(preset.train.threads)
+    model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
+    dataset = training_dataset(resolved, paths, tokenizer)
+    gen_config, eos = trl_generation_config(grpo_config(preset, workdir / "nat_savings", 0), model, tokenizer)
+    n = preset.train.prompts_per_step
+    prompts, answers = dataset["prompt"][:n], dataset["answer"][:n]
+    out = sample_rollouts(model, tokenizer, prompts, preset.train.num_generations, gen_config, eos, seed=length)
+    completions = tokenizer.batch_decode([ids[m.bool()] for ids, m in zip(out["completion_ids"],
+                                                                          out["completion_mask"], strict=True)],
+                                         skip_special_tokens=True)
+    score = reward_function(preset.train.reward, preset.eval.scoring_timeout_s)
+    rewards = score(None, completions, [a for a in answers for _ in range(preset.train.num_generations)])
+    out["rewards"] = torch.tensor(rewards)
+    out["group_ids"] = torch.arange(len(rewards)) // preset.train.num_generations
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(out, path)
+    print(f"[bench] sampled the L={length} batch: {out['generated_tokens']} tokens in {out['wall_s']:.0f} s, "
+          f"rewards {rewards}", flush=True)
+    return path
+
+
+class Harness:
+    """One TargetedGRPOTrainer on the smol warm start; the method is swapped between uniform and NAT."""
+
+    def __init__(self, resolved, paths, workdir: Path, chunk_rows: int):
+        import torch
+
+        from harness.config import load_method
+        from harness.models import load_policy
+        from harness.trainer import TargetedGRPOTrainer, grpo_config, reward_function
+        from methods.registry import get_method_class
+
+        preset = copy.deepcopy(resolved.preset)
+        preset.train.forward_chunk_rows = chunk_rows
+        torch.set_num_threads(preset.train.threads)
+        model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
+        self.methods = {}
+        for label in ("uniform", "nat"):
+            spec = load_method(label)
+            self.methods[label] = get_method_class(spec.name)(spec.params)
+        self.trainer = TargetedGRPOTrainer(
+            model=model, processing_class=tokenizer, train_dataset=training_dataset(resolved, paths, tokenizer),
+            reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
+            args=grpo_config(preset, workdir / "nat_savings", 0), method=self.methods["uniform"], preset=preset,
+            run_seed=0)
+        self.model = self.trainer.model
+        self.model.train()
+
+    def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
+        from harness.hooks import new_rollout_batch, prepare_batch
+
+        trainer = self.trainer
+        trainer.method = self.methods[variant]
+        trainer.preset.train.max_completion_length = length
+        train = trainer.preset.train
+        rollouts = new_rollout_batch(batch["completion_ids"], batch["completion_mask"], batch["rewards"],
+                                     batch["group_ids"], train.scale_rewards, trainer.special_token_ids)
+        ctx = dataclasses.replace(trainer.step_context(), step=repeat)  # another cut in every repeat
+        prepared = prepare_batch(trainer.method, rollouts, ctx)
+        out = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        return trainer._reduced_batch(out, prepared, batch["completion_ids"].device)
+
+    def forward_backward(self, inputs: dict) -> dict:
+        ledger = self.trainer.ledger
+        positions0, flops0 = ledger.trained_positions, ledger.flops["train"]
+        self.model.zero_grad(set_to_none=True)
+        with Timer() as timer:
+            loss = self.trainer._compute_loss(self.model, inputs)
+            loss.backward()
+        kept = self.trainer._metrics["train"].get("method/tokens_kept_frac")
+        return {"wall_s": timer.wall, "cpu_s": timer.cpu, "trained_positions": ledger.trained_positions - positions0,
+                "train_flops": ledger.flops["train"] - flops0, "loss": float(loss.detach()),
+                "tokens_kept_frac": kept[-1] if kept else 1.0,
+                "completion_width": int(inputs["completion_ids"].shape[1])}
+
+
+def child(args) -> None:
+    """Memory of one variant in this fresh process: warm-up, then ``--mem-repeats`` measured forward + backward."""
+    import torch
+
+    resolved, paths = sweep(args)
+    harness = Harness(resolved, paths, args.workdir, args.chunk_rows_one)
+    batch = torch.load(batch_path(args.workdir, args.length, args.preset), weights_only=True)
+    n_params = sum(p.numel() for p in harness.model.parameters())
+    harness.forward_backward(harness.inputs(batch, args.variant, 10_000, args.length))  # warm-up, another cut
+    harness.model.zero_grad(set_to_none=True)
+    runs = []
+    for repeat in range(args.mem_repeats):
+        inputs = harness.inputs(batch, args.variant, repeat, args.length)
+        baseline, maxrss0 = current_rss_bytes(), ru_maxrss_bytes()
+        reset_ok = reset_peak_rss()
+        result = harness.forward_backward(inputs)
+        peak = hwm_bytes()
+        harness.model.zero_grad(set_to_none=True)
+        result.update(baseline_rss=baseline, peak_hwm=peak, hwm_reset=reset_ok,
+                      peak_above_baseline=(peak - baseline) if reset_ok else None,
+                      ru_maxrss_before=maxrss0, ru_maxrss_after=ru_maxrss_bytes(), grad_bytes=4 * n_params)
+        runs.append(result)
+    print(json.dumps({"variant": args.variant, "length": args.length, "chunk_rows": args.chunk_rows_one,
+                      "runs": runs, "process_peak_ru_maxrss": ru_maxrss_bytes()}))
+
+
+def memory_runs(length: int, chunk_rows: int, variant: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--chunk-rows-one",
+           str(chunk_rows), "--mem-repeats", str(args.mem_repeats), "--workdir", str(args.workdir), "--preset",
+           args.preset, "--warmstart-steps", str(args.warmstart_steps)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"memory subprocess failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="smol", choices=["smol", "tiny"], help="tiny: smoke checks only")
+    parser.add_argument("--warmstart-steps", type=int, default=300, help="tiny preset only")
+    parser.add_argument("--lengths", default="64,256", help="max completion lengths of the sampled batches")
+    parser.add_argument("--chunk-rows", default="16,1", help="train.forward_chunk_rows values")
+    parser.add_argument("--repeats", type=int, default=5, help="measured (uniform, NAT) pairs per setting")
+    parser.add_argument("--mem-repeats", type=int, default=3, help="measured runs per memory subprocess")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--name", default="nat_savings")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--chunk-rows-one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args)
+        return {}
+    import torch
+
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    chunk_rows = [int(x) for x in args.chunk_rows.split(",") if x]
+    resolved, paths = sweep(args)
+    for length in lengths:
+        ensure_batch(resolved, paths, args.workdir, length)
+    env = environment()
+    started = time.perf_counter()
+    settings = []
+    for rows in chunk_rows:
+        harness = Harness(resolved, paths, args.workdir, rows)
+        for length in lengths:
+            batch = torch.load(batch_path(args.workdir, length, args.preset), weights_only=True)
+            timing = {"uniform": [], "nat": []}
+            for repeat in range(args.repeats + 1):  # repeat 0: warm-up pair
+                order = ("uniform", "nat") if repeat % 2 == 0 else ("nat", "uniform")
+                for variant in order:
+                    result = harness.forward_backward(harness.inputs(batch, variant, repeat, length))
+                    result["repeat"] = repeat
+                    timing[variant].append(result)
+            print(f"[bench] timing L={length} chunk_rows={rows} done ({time.perf_counter() - started:.0f} s)",
+                  flush=True)
+            settings.append({"length": length, "chunk_rows": rows, "timing": timing,
+                             "batch": {"rows": int(batch["completion_ids"].shape[0]),
+                                       "prompt_tokens_per_row": batch["prompt_tokens"] / batch["rows"],
+                                       "mean_completion_length": batch["generated_tokens"] / batch["rows"],
+                                       "max_completion_length": length,
+                                       "completion_lengths": batch["completion_mask"].sum(dim=1).tolist()}})
+        del harness
+    if not args.skip_memory:
+        for setting in settings:
+            setting["memory"] = {}
+            for variant in ("uniform", "nat"):
+                setting["memory"][variant] = memory_runs(setting["length"], setting["chunk_rows"], variant, args)
+                print(f"[bench] memory L={setting['length']} chunk_rows={setting['chunk_rows']} {variant} done "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+    record = analyse(settings, args, resolved, env, time.perf_counter() - started)
+    write_result(args.name, record)
+    update_summary(args.name, summary_markdown(record))
+    print(summary_markdown(record))
+    return record
+
+
+def analyse(settings: list[dict], args, resolved, env: dict, elapsed: float) -> dict:
+    for s in settings:
+        u = [r for r in s["timing"]["uniform"] if r["repeat"] > 0]
+        n = [r for r in s["timing"]["nat"] if r["repeat"] > 0]
+        ratio = paired_ratio([r["wall_s"] for r in n], [r["wall_s"] for r in u])
+        s["time"] = {"uniform_s": describe([r["wall_s"] for r in u]), "nat_s": describe([r["wall_s"] for r in n]),
+                     "ratio_wall": ratio,
+                     "ratio_cpu": paired_ratio([r["cpu_s"] for r in n], [r["cpu_s"] for r in u]),
+                     "saved": 1 - ratio["median"],
+                     "positions_ratio": statistics.mean(r["trained_positions"] for r in n)
+                     / statistics.mean(r["trained_positions"] for r in u),
+                     "flops_ratio": statistics.mean(r["train_flops"] for r in n)
+                     / statistics.mean(r["train_flops"] for r in u),
+                     "tokens_kept_frac": statistics.mean(r["tokens_kept_frac"] for r in n)}
+        s["time"]["met"] = s["time"]["saved"] >= TIME_TARGET
+        if "memory" in s:
+            mem = {}
+            for variant in ("uniform", "nat"):
+                runs = s["memory"][variant]["runs"]
+                working = [r["peak_above_baseline"] for r in runs if r["peak_above_baseline"] is not None]
+                grads = runs[0]["grad_bytes"]
+                mem[variant] = {"working_mb": statistics.median(working) / MB if working else None,
+                                "activation_mb": (statistics.median(working) - grads) / MB if working else None,
+                                "process_peak_mb": statistics.median(r["peak_hwm"] for r in runs) / MB,
+                                "baseline_mb": statistics.median(r["baseline_rss"] for r in runs) / MB,
+                                "grad_mb": grads / MB, "working_mb_all": [w / MB for w in working]}
+            u_mem, n_mem = mem["uniform"], mem["nat"]
+            mem["saved_working"] = 1 - n_mem["working_mb"] / u_mem["working_mb"]
+            mem["saved_activation"] = 1 - n_mem["activation_mb"] / u_mem["activation_mb"]
+            mem["saved_process"] = 1 - n_mem["process_peak_mb"] / u_mem["process_peak_mb"]
+            mem["met"] = mem["saved_working"] >= MEMORY_TARGET
+            s["memory_summary"] = mem
+    train = resolved.preset.train
+    return {"benchmark": "nat_savings", "preset": resolved.preset.name,
+            "settings": {"lengths": [int(x) for x in args.lengths.split(",")], "chunk_rows": args.chunk_rows,
+                         "repeats": args.repeats, "mem_repeats": args.mem_repeats, "threads": train.threads,
+                         "stats_chunk_size": train.stats_chunk_size, "prompts_per_step": train.prompts_per_step,
+                         "num_generations": train.num_generations,
+                         "memory_measure": "VmHWM after a clear_refs reset minus VmRSS before the forward + backward, "
+                                           "one subprocess per variant (ru_maxrss recorded too)"},
+            "targets": {"time_saved": TIME_TARGET, "memory_saved": MEMORY_TARGET, "paper": {"time": 0.29,
+                                                                                             "memory": 0.18}},
+            "environment": env, "elapsed_s": elapsed, "results": settings}
+
+
+def summary_markdown(record: dict) -> str:
+    s = record["settings"]
+    lines = [f"## NAT-RPC savings ({record['preset']} preset, training forward + backward)", "",
+             f"{record['environment']['date']}; {s['prompts_per_step']} x {s['num_generations']} "
+             f"rollouts, {s['threads']} threads, {s['repeats']} measured pairs per setting (interleaved, cut redrawn "
+             f"per pair), memory: {s['mem_repeats']} runs per subprocess; machine "
+             f"{'free' if record['environment']['cpu_free_flag'] else 'SHARED with a sweep'}.", ""]
+    rows = []
+    for r in record["results"]:
+        t, b = r["time"], r["batch"]
+        m = r.get("memory_summary")
+        rows.append([
+            f"{r['length']} ({b['mean_completion_length']:.0f} / prompt {b['prompt_tokens_per_row']:.0f})",
+            r["chunk_rows"], f"{t['tokens_kept_frac']:.2f}", f"{t['positions_ratio']:.2f}",
+            f"{t['uniform_s']['median']:.2f}", fmt_ratio(t["ratio_wall"]), f"{100 * t['saved']:.0f}%",
+            verdict(t["met"]),
+            f"{m['uniform']['working_mb']:.0f} / {m['nat']['working_mb']:.0f}" if m else "",
+            f"{100 * m['saved_working']:.0f}% (act. {100 * m['saved_activation']:.0f}%, process "
+            f"{100 * m['saved_process']:.0f}%)" if m else "", verdict(m["met"]) if m else "n/a"])
+    lines.append(table(["max len (mean completion / prompt)", "chunk rows", "tokens kept", "positions kept",
+                        "uniform fwd+bwd s", "time NAT/uniform", "time saved", f">= {100 * TIME_TARGET:.0f}%",
+                        "working MB U / N", "memory saved", f">= {100 * MEMORY_TARGET:.0f}%"], rows))
+    lines += ["", "Working memory = peak RSS above the pre-step RSS during one forward + backward, parameter "
+              "gradients included (act. = without them; process = whole-process peak)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

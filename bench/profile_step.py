@@ -1,0 +1,117 @@
+"""Profile of one training step: where a step of the harness (and of plain TRL) spends its time.
+
+Builds the same trainers as bench/step_overhead.py (same warm start, batch, seeding), runs one warm-up block, then
+profiles ``--steps`` steps of each variant twice: with cProfile (Python functions, cumulative time: hooks, token
+statistics, TRL's generation loop, logging) and with torch.profiler (operators, self CPU time). Writes the top entries
+to results/bench/profile_<preset>.json and prints them.
+
+Usage:  python bench/profile_step.py [--preset tiny|smol] [--variants trl,uniform] [--steps 3] [--top 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+from _common import DEFAULT_WORKDIR, environment, smol_sweep, tiny_sweep, write_result
+from step_overhead import StepRecorder, build_trainer, run_block
+
+# functions whose cumulative share of a step is worth tracking by name (substring of "file:line(function)")
+WATCH = {
+    "generate (transformers)": "generation/utils.py", "_generate_and_score_completions": "_generate_and_score_compl",
+    "reward scoring": "score_batch", "prepare_batch (hooks)": "prepare_batch", "_compute_loss": "(_compute_loss)",
+    "_chunked_statistics": "_chunked_statistics", "token_statistics": "(token_statistics)",
+    "model forward (LlamaForCausalLM)": "modeling_llama.py", "backward": "(backward)",
+    "optimizer step": "(step_unless_skipped)", "TRL/Trainer log": "(log)", "_log_step_metrics": "_log_step_metrics",
+    "BudgetCallback.on_step_end": "(on_step_end)", "BudgetCallback.on_log (metrics.jsonl)": "(on_log)",
+    "checkpoint (torch.utils.checkpoint)": "checkpoint.py",
+}
+
+
+def cprofile_block(trainer, pristine, recorder, block: int, steps: int, top: int) -> dict:
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    run_block(trainer, pristine, recorder, block, steps)
+    profiler.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profiler)
+    entries = []
+    for (filename, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+        entries.append({"function": f"{Path(filename).name}:{line}({func})", "path": filename, "calls": nc,
+                        "tottime": tt, "cumtime": ct})
+    total = max((e["cumtime"] for e in entries), default=wall)
+    watched = {}
+    for name, needle in WATCH.items():
+        hits = [e for e in entries if needle in e["function"] or needle in e["path"]]
+        if hits:  # the outermost hit (largest cumulative time) avoids counting recursion twice
+            watched[name] = max(h["cumtime"] for h in hits)
+    by_cum = sorted(entries, key=lambda e: -e["cumtime"])[:top]
+    by_self = sorted(entries, key=lambda e: -e["tottime"])[:top]
+    buf = io.StringIO()
+    pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(top)
+    return {"wall_s": wall, "steps": steps, "total_cum_s": total, "watched_s": watched,
+            "top_cumulative": [{k: v for k, v in e.items() if k != "path"} for e in by_cum],
+            "top_self": [{k: v for k, v in e.items() if k != "path"} for e in by_self], "text": buf.getvalue()}
+
+
+def torch_profile_block(trainer, pristine, recorder, block: int, steps: int, top: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+        run_block(trainer, pristine, recorder, block, steps)
+    averages = prof.key_averages()
+    rows = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:top]
+    total_self = sum(e.self_cpu_time_total for e in averages)
+    return {"total_self_cpu_s": total_self / 1e6,
+            "top_self_cpu": [{"op": e.key, "calls": e.count, "self_cpu_s": e.self_cpu_time_total / 1e6,
+                              "cpu_total_s": e.cpu_time_total / 1e6} for e in rows],
+            "text": averages.table(sort_by="self_cpu_time_total", row_limit=top)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol"])
+    parser.add_argument("--variants", default="trl,uniform")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--warmstart-steps", type=int, default=300)
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--name", default=None)
+    args = parser.parse_args(argv)
+    if args.preset == "tiny":
+        resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps, overrides=args.set)
+    else:
+        resolved, paths = smol_sweep(args.workdir, overrides=args.set)
+    results = {}
+    for variant in [v for v in args.variants.split(",") if v]:
+        trainer, pristine = build_trainer(variant, resolved, paths, args.workdir, 0.5)
+        block = {"b": 0}
+        recorder = StepRecorder(trainer, lambda step, cb=block: 7919 * (cb["b"] + 1) + step)
+        run_block(trainer, pristine, recorder, 0, 1)  # warm-up
+        block["b"] = 1
+        py = cprofile_block(trainer, pristine, recorder, 1, args.steps, args.top)
+        block["b"] = 2
+        ops = torch_profile_block(trainer, pristine, recorder, 2, args.steps, args.top)
+        results[variant] = {"cprofile": py, "torch": ops}
+        print(f"===== {variant}: cProfile, {args.steps} steps, {py['wall_s']:.2f} s wall =====")
+        for name, secs in sorted(py["watched_s"].items(), key=lambda kv: -kv[1]):
+            print(f"  {name:45s} {secs:8.3f} s  {100 * secs / py['total_cum_s']:5.1f}%")
+        print(py["text"][:6000])
+        print(f"===== {variant}: torch.profiler (self CPU) =====")
+        print(ops["text"])
+    record = {"benchmark": "profile_step", "preset": resolved.preset.name,
+              "settings": {"steps": args.steps, "variants": args.variants, "overrides": args.set},
+              "environment": environment(), "results": results}
+    write_result(args.name or f"profile_{resolved.preset.name}", record)
+    return record
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

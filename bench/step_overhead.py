@@ -1,0 +1,326 @@
+"""Per-step time of the harness trainer against plain TRL, and of each method against the uniform baseline.
+
+Variants, all in one process, each its own trainer on its own copy of the warm-started model:
+- ``trl``: a plain ``trl.GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.trainer.grpo_config``
+  (same generation settings, batch, optimizer), the same reward function and prompts;
+- ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: ``TargetedGRPOTrainer`` with the method
+  config of configs/method/<label>.yaml and the ``BudgetCallback`` of a real run (budget never reached).
+
+Design (paired, interleaved): block b runs ``--steps`` optimizer steps of every variant in turn, the order
+reversed every other block (A B C, C B A, ...). Before each variant's block the weights are reset to the warm
+start, and before every step the torch RNG is seeded with (block, step): every variant samples exactly the same
+rollouts from the same weights, so a ratio compares the training side alone on identical batches. Block 0 is
+warm-up and is dropped. Ratios are per (block, step) pair; reported as the median with its interquartile range.
+
+Per step: wall (perf_counter) and CPU (process_time) seconds from ``on_step_begin`` to the end of the step's
+logging, split into generation (TRL's ``_generate_and_score_completions``: sampling, rewards, and for the harness
+its advantages and method hooks), loss forward (``_compute_loss``) and the rest (backward, clipping, optimizer,
+logging). The harness variants also record their budget ledger (analytic FLOPs per phase, positions trained), from
+which the expected ratio of D3S and NAT follows: they should be cheaper by the share of work they drop.
+
+Usage:  python bench/step_overhead.py [--preset tiny|smol] [--blocks 9] [--steps 1] [--variants trl,uniform,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _common import (DEFAULT_WORKDIR, Timer, describe, environment, fmt_ratio, model_dir_for, paired_ratio,
+                     smol_sweep, table, tiny_sweep, training_dataset, update_summary, verdict, write_result)
+
+ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat"]
+OVERHEAD_TARGET = 1.05  # uniform vs trl, and entropy/gmts/rsi/ktae vs uniform
+DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
+
+
+def build_trainer(variant: str, resolved, paths, workdir: Path, progress: float | None):
+    import torch
+    from trl import GRPOTrainer
+
+    from harness.config import load_method
+    from harness.models import load_policy
+    from harness.trainer import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
+    from methods.registry import get_method_class
+
+    preset = copy.deepcopy(resolved.preset)
+    preset.train.budget.kind, preset.train.budget.amount = "steps", 1e9  # never reached: no checkpoint, no stop
+    preset.train.budget.checkpoint_fractions = [1.0]
+    model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
+    dataset = training_dataset(resolved, paths, tokenizer)
+    out_dir = workdir / "step_overhead" / variant
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = grpo_config(preset, out_dir, seed=0)
+    rewards = [reward_function(preset.train.reward, preset.eval.scoring_timeout_s)]
+    if variant == "trl":
+        args.loss_type, args.beta = "dapo", 0.0
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, reward_funcs=rewards,
+                              args=args)
+    else:
+        spec = load_method(variant)
+        method = get_method_class(spec.name)(spec.params)
+        trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset,
+                                      reward_funcs=rewards, args=args, method=method, preset=preset, run_seed=0)
+        metrics = out_dir / "metrics.jsonl"
+        metrics.unlink(missing_ok=True)
+        trainer.add_callback(BudgetCallback(trainer, {}, metrics))
+        if progress is not None:  # budget progress seen by schedules (D3S): fixed, as at that point of a run
+            context = trainer.step_context
+            trainer.step_context = lambda: dataclasses.replace(context(), progress=progress)
+    pristine = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.set_num_threads(preset.train.threads)
+    return trainer, pristine
+
+
+class StepRecorder:
+    """Callback + wrappers: wall/CPU seconds per step and per phase, the rollouts' lengths, ledger deltas."""
+
+    def __init__(self, trainer, block_seed_fn):
+        from transformers import TrainerCallback
+
+        self.trainer = trainer
+        self.steps: list[dict] = []
+        self._current: dict | None = None
+        self._t0 = None
+        recorder = self
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                import torch
+
+                torch.manual_seed(block_seed_fn(state.global_step))  # identical rollouts in every variant
+                recorder._current = {"generation": [0.0, 0.0], "loss_forward": [0.0, 0.0], "lengths": []}
+                ledger = getattr(recorder.trainer, "ledger", None)
+                recorder._ledger0 = _ledger_snapshot(ledger)
+                recorder._t0 = (time.perf_counter(), time.process_time())
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if recorder._current is None or not logs or "loss" not in logs:
+                    return
+                wall, cpu = time.perf_counter() - recorder._t0[0], time.process_time() - recorder._t0[1]
+                cur = recorder._current
+                record = {"wall": wall, "cpu": cpu, "generation_wall": cur["generation"][0],
+                          "generation_cpu": cur["generation"][1], "loss_forward_wall": cur["loss_forward"][0],
+                          "loss_forward_cpu": cur["loss_forward"][1], "completion_lengths": cur["lengths"],
+                          "rollouts_hash": hashlib.sha1(str(cur.get("ids_digest", "")).encode()).hexdigest()[:12]}
+                ledger = getattr(recorder.trainer, "ledger", None)
+                if ledger is not None:
+                    after = _ledger_snapshot(ledger)
+                    record["ledger"] = {k: after[k] - recorder._ledger0[k] for k in after}
+                for key in ("tokens/weighted_frac", "rollouts/kept_frac", "method/tokens_kept_frac",
+                            "method/forward_length_frac"):
+                    if key in logs:
+                        record[key] = logs[key]
+                recorder.steps.append(record)
+                recorder._current = None
+
+        self.callback = _Callback()
+        trainer.add_callback(self.callback)
+        self._wrap("_generate_and_score_completions", "generation")
+        self._wrap("_compute_loss", "loss_forward")
+        rewards = trainer._calculate_rewards
+
+        def calculate_rewards(inputs, prompts, completions, completion_ids_list):
+            if self._current is not None:
+                self._current["lengths"] = [len(c) for c in completion_ids_list]
+                self._current["ids_digest"] = hashlib.sha1(repr(completion_ids_list).encode()).hexdigest()
+            return rewards(inputs, prompts, completions, completion_ids_list)
+
+        trainer._calculate_rewards = calculate_rewards
+
+    def _wrap(self, name: str, phase: str) -> None:
+        inner = getattr(self.trainer, name)
+
+        def timed(*args, **kwargs):
+            with Timer() as t:
+                out = inner(*args, **kwargs)
+            if self._current is not None:
+                self._current[phase][0] += t.wall
+                self._current[phase][1] += t.cpu
+            return out
+
+        setattr(self.trainer, name, timed)
+
+
+def _ledger_snapshot(ledger) -> dict:
+    if ledger is None:
+        return {}
+    snap = {f"flops_{k}": v for k, v in ledger.flops.items()}
+    snap.update({f"seconds_{k}": v for k, v in ledger.seconds.items()})
+    snap.update(trained_positions=ledger.trained_positions, weighted_tokens=ledger.weighted_tokens,
+                generated_tokens=ledger.generated_tokens, samples=ledger.samples)
+    return snap
+
+
+def run_block(trainer, pristine, recorder, block: int, steps: int) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in trainer.model.state_dict().items():
+            tensor.copy_(pristine[name])
+    trainer.args.seed = trainer.args.data_seed = 1000 + block  # other prompts in every block, same in every variant
+    trainer.args.max_steps = steps
+    trainer.train()
+    # train() again in this process: TargetedGRPOTrainer.create_optimizer would wrap the already prepared optimizer's
+    # step in a plain function, which torch's LR scheduler cannot patch (AttributeError: no __func__). Reuse the
+    # optimizer as it is (transformers' own create_optimizer does the same once one exists).
+    trainer.create_optimizer = lambda model=None: trainer.optimizer
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "smol"])
+    parser.add_argument("--variants", default=",".join(ALL_VARIANTS))
+    parser.add_argument("--blocks", type=int, default=9, help="blocks including the warm-up block 0")
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps per variant and block")
+    parser.add_argument("--warmstart-steps", type=int, default=300, help="tiny: supervised warm-start steps")
+    parser.add_argument("--progress", type=float, default=0.5,
+                        help="budget progress seen by the methods' schedules (D3S keeps 75%% of rollouts and 60%% "
+                             "of tokens at 0.5, the run average of its linear schedule)")
+    parser.add_argument("--set", action="append", default=[], help="preset override, e.g. train.prompts_per_step=8")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument("--name", default=None, help="result name (default step_overhead_<preset>)")
+    args = parser.parse_args(argv)
+    import torch  # noqa: F401  (import before the sweep helpers so the thread setting sticks)
+
+    variants = [v for v in args.variants.split(",") if v]
+    name = args.name or f"step_overhead_{args.preset}"
+    if args.preset == "tiny":
+        resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps, overrides=args.set)
+    else:
+        resolved, paths = smol_sweep(args.workdir, overrides=args.set)
+    env = environment()
+    trainers, recorders = {}, {}
+    for v in variants:
+        trainer, pristine = build_trainer(v, resolved, paths, args.workdir, args.progress)
+        current_block = {"b": 0}
+        recorders[v] = StepRecorder(trainer, lambda step, cb=current_block: 7919 * (cb["b"] + 1) + step)
+        trainers[v] = (trainer, pristine, current_block)
+    started = time.perf_counter()
+    per_variant: dict[str, list[dict]] = {v: [] for v in variants}
+    for block in range(args.blocks):
+        order = variants if block % 2 == 0 else variants[::-1]
+        for v in order:
+            trainer, pristine, current_block = trainers[v]
+            current_block["b"] = block
+            recorder = recorders[v]
+            recorder.steps.clear()
+            run_block(trainer, pristine, recorder, block, args.steps)
+            for i, rec in enumerate(recorder.steps):
+                per_variant[v].append({"block": block, "step": i, **rec})
+        print(f"[bench] block {block + 1}/{args.blocks} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    record = analyse(per_variant, variants, args, resolved, env, time.perf_counter() - started)
+    write_result(name, record)
+    update_summary(name, summary_markdown(record))
+    print(summary_markdown(record))
+    return record
+
+
+def _measured(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["block"] > 0]
+
+
+def _series(rows: list[dict], key: str) -> list[float]:
+    if key == "train_wall":
+        return [r["wall"] - r["generation_wall"] for r in rows]
+    if key == "train_cpu":
+        return [r["cpu"] - r["generation_cpu"] for r in rows]
+    return [r[key] for r in rows]
+
+
+def analyse(per_variant: dict, variants: list[str], args, resolved, env: dict, elapsed: float) -> dict:
+    keys = ("wall", "cpu", "generation_wall", "train_wall", "loss_forward_wall", "train_cpu")
+    stats = {v: {k: describe(_series(_measured(rows), k)) for k in keys} for v, rows in per_variant.items()}
+    for v, rows in per_variant.items():
+        measured = _measured(rows)
+        if measured and "ledger" in measured[0]:
+            stats[v]["flops_train_per_step"] = statistics.median(r["ledger"]["flops_train"] for r in measured)
+            stats[v]["flops_generation_per_step"] = statistics.median(r["ledger"]["flops_generation"]
+                                                                      for r in measured)
+            stats[v]["trained_positions_per_step"] = statistics.median(r["ledger"]["trained_positions"]
+                                                                       for r in measured)
+        stats[v]["mean_completion_length"] = statistics.mean(
+            statistics.mean(r["completion_lengths"]) for r in measured if r["completion_lengths"]) if measured else None
+
+    def pair(v: str, ref: str, key: str) -> dict | None:
+        if v not in per_variant or ref not in per_variant:
+            return None
+        a = {(r["block"], r["step"]): r for r in _measured(per_variant[v])}
+        b = {(r["block"], r["step"]): r for r in _measured(per_variant[ref])}
+        common = sorted(set(a) & set(b))
+        return paired_ratio(_series([a[k] for k in common], key), _series([b[k] for k in common], key))
+
+    comparisons = []
+    for v in variants:
+        ref = "trl" if v == "uniform" else ("uniform" if v != "trl" else None)
+        if ref is None or ref not in per_variant:
+            continue
+        same = all(x["rollouts_hash"] == y["rollouts_hash"] for x, y in
+                   zip(_measured(per_variant[v]), _measured(per_variant[ref]), strict=False))
+        comp = {"variant": v, "reference": ref, "identical_rollouts": same,
+                "step_wall": pair(v, ref, "wall"), "step_cpu": pair(v, ref, "cpu"),
+                "train_wall": pair(v, ref, "train_wall"), "generation_wall": pair(v, ref, "generation_wall")}
+        if v in DROPPING and "flops_train_per_step" in stats[v] and "flops_train_per_step" in stats[ref]:
+            flops_ratio = stats[v]["flops_train_per_step"] / stats[ref]["flops_train_per_step"]
+            gen, train = stats[ref]["generation_wall"]["median"], stats[ref]["train_wall"]["median"]
+            expected = (gen + train * flops_ratio) / (gen + train)  # time proportional to the FLOPs computed
+            comp.update(train_flops_ratio=flops_ratio, expected_step_ratio=expected,
+                        target=f"< 1 and <= expected x {OVERHEAD_TARGET}")
+            comp["met"] = comp["step_wall"]["median"] < 1.0 and comp["step_wall"]["median"] <= expected * OVERHEAD_TARGET
+        else:
+            comp["target"] = f"<= {OVERHEAD_TARGET}"
+            comp["met"] = comp["step_wall"]["median"] <= OVERHEAD_TARGET
+        comparisons.append(comp)
+    train = resolved.preset.train
+    return {
+        "benchmark": "step_overhead", "preset": resolved.preset.name,
+        "settings": {"blocks": args.blocks, "warmup_blocks": 1, "steps_per_block": args.steps,
+                     "warmstart_steps": args.warmstart_steps if resolved.preset.name == "tiny" else None,
+                     "progress": args.progress, "overrides": args.set, "variants": variants,
+                     "prompts_per_step": train.prompts_per_step, "num_generations": train.num_generations,
+                     "max_completion_length": train.max_completion_length, "threads": train.threads,
+                     "forward_chunk_rows": train.forward_chunk_rows, "stats_chunk_size": train.stats_chunk_size,
+                     "learning_rate": train.learning_rate},
+        "environment": env, "elapsed_s": elapsed, "stats": stats, "comparisons": comparisons, "raw": per_variant,
+    }
+
+
+def summary_markdown(record: dict) -> str:
+    s, st = record["settings"], record["stats"]
+    lines = [f"## Step overhead ({record['preset']} preset)", "",
+             f"{record['environment']['date']}; {s['prompts_per_step']} prompts x {s['num_generations']} rollouts, "
+             f"max {s['max_completion_length']} tokens, {s['threads']} thread(s); {s['blocks'] - 1} measured blocks "
+             f"x {s['steps_per_block']} step(s) per variant after 1 warm-up block; budget progress {s['progress']} "
+             f"for schedules; machine {'free' if record['environment']['cpu_free_flag'] else 'SHARED with a sweep'}.",
+             "", "Per-step seconds (median wall; generation = sampling + rewards + hooks, train = the rest):", ""]
+    rows = []
+    for v in s["variants"]:
+        x = st[v]
+        rows.append([v, f"{x['wall']['median']:.3f}", f"{x['generation_wall']['median']:.3f}",
+                     f"{x['train_wall']['median']:.3f}", f"{x['loss_forward_wall']['median']:.3f}",
+                     f"{x['cpu']['median']:.3f}",
+                     f"{x['mean_completion_length']:.1f}" if x.get("mean_completion_length") else "",
+                     f"{x['flops_train_per_step']:.3g}" if "flops_train_per_step" in x else ""])
+    lines.append(table(["variant", "step s", "generation s", "train s", "loss fwd s", "step CPU s",
+                        "mean completion", "train FLOPs/step"], rows))
+    lines += ["", "Ratios (median per-pair [IQR]):", ""]
+    rows = []
+    for c in record["comparisons"]:
+        expected = f"{c['expected_step_ratio']:.3f} (train FLOPs x{c['train_flops_ratio']:.2f})" \
+            if "expected_step_ratio" in c else ""
+        rows.append([f"{c['variant']} / {c['reference']}", fmt_ratio(c["step_wall"]), fmt_ratio(c["train_wall"]),
+                     fmt_ratio(c["step_cpu"]), expected, c["target"], verdict(c["met"]),
+                     "yes" if c["identical_rollouts"] else "no"])
+    lines.append(table(["ratio", "step (wall)", "train part (wall)", "step (CPU)", "expected", "target", "verdict",
+                        "same rollouts"], rows))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
