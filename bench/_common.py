@@ -66,7 +66,7 @@ def environment() -> dict:
     from harness.provenance import package_versions
 
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": package_versions(),
         "git_commit": git_commit(),
         "hardware": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "memory_bytes": memory_total_bytes(),
@@ -108,14 +108,33 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> dict:
     out = describe(ratios)
     med_b = statistics.median([b for _, b in pairs]) if pairs else float("nan")
     out["ratio_of_medians"] = (statistics.median([a for a, _ in pairs]) / med_b) if pairs and med_b else float("nan")
+    out["ratio_of_sums"] = sum(a for a, _ in pairs) / sum(b for _, b in pairs) if pairs else float("nan")
+    out["ci90_median"] = bootstrap_median_ci(ratios)
     return out
 
 
-def fmt_ratio(r: dict, digits: int = 3) -> str:
-    """'1.012 [0.990, 1.030]': median of per-pair ratios [interquartile range]."""
+def bootstrap_median_ci(values: list[float], level: float = 0.90, resamples: int = 2000, seed: int = 0) -> list:
+    """Percentile bootstrap interval of the median (fixed seed: the same data give the same interval)."""
+    import random
+
+    if len(values) < 3:
+        return [float("nan"), float("nan")]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return [quantile(medians, tail), quantile(medians, 1 - tail)]
+
+
+def fmt_ratio(r: dict, digits: int = 2, ci: bool = True) -> str:
+    """'1.01 [0.95-1.06] (0.98-1.03)': median of per-pair ratios [interquartile range] (90% bootstrap interval
+    of the median)."""
     if not r or r.get("n", 0) == 0:
         return "n/a"
-    return f"{r['median']:.{digits}f} [{r['q25']:.{digits}f}, {r['q75']:.{digits}f}]"
+    text = f"{r['median']:.{digits}f} [{r['q25']:.{digits}f}-{r['q75']:.{digits}f}]"
+    if ci and r.get("ci90_median") and r["ci90_median"][0] == r["ci90_median"][0]:
+        lo, hi = r["ci90_median"]
+        text += f" ({lo:.{digits}f}-{hi:.{digits}f})"
+    return text
 
 
 def verdict(met: bool | None) -> str:
@@ -136,7 +155,8 @@ def write_result(name: str, record: dict) -> Path:
 SUMMARY_HEADER = """# Benchmarks
 
 Written by the `bench/` scripts (see `bench/README.md`); each script replaces only its own section.
-Ratios are medians of per-pair ratios of interleaved runs, with the interquartile range in brackets.
+Ratios are medians of per-pair ratios of interleaved runs: `median [interquartile range] (90% bootstrap interval of
+the median)`.
 """
 
 

@@ -37,9 +37,28 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (DEFAULT_WORKDIR, Timer, current_rss_bytes, describe, environment, fmt_ratio,
-                     hwm_bytes, model_dir_for, paired_ratio, reset_peak_rss, ru_maxrss_bytes, sample_rollouts,
-                     smol_sweep, table, tiny_sweep, training_dataset, trl_generation_config, update_summary, verdict, write_result)
+from _common import (
+    DEFAULT_WORKDIR,
+    Timer,
+    current_rss_bytes,
+    describe,
+    environment,
+    fmt_ratio,
+    hwm_bytes,
+    model_dir_for,
+    paired_ratio,
+    reset_peak_rss,
+    ru_maxrss_bytes,
+    sample_rollouts,
+    smol_sweep,
+    table,
+    tiny_sweep,
+    training_dataset,
+    trl_generation_config,
+    update_summary,
+    verdict,
+    write_result,
+)
 
 TIME_TARGET, MEMORY_TARGET = 0.25, 0.15
 MB = 1024 * 1024
@@ -91,7 +110,7 @@ def ensure_batch(resolved, paths, workdir: Path, length: int) -> Path:
 class Harness:
     """One TargetedGRPOTrainer on the smol warm start; the method is swapped between uniform and NAT."""
 
-    def __init__(self, resolved, paths, workdir: Path, chunk_rows: int):
+    def __init__(self, resolved, paths, workdir: Path, chunk_rows: int, checkpointing: str = "on"):
         import torch
 
         from harness.config import load_method
@@ -114,6 +133,13 @@ class Harness:
             run_seed=0)
         self.model = self.trainer.model
         self.model.train()
+        # what Trainer.train() does with TRL's default activation_checkpointing=True (grpo_config keeps it): every
+        # decoder layer is recomputed in backward. "off": no recomputation.
+        args = self.trainer.args
+        if checkpointing == "on" and args.activation_checkpointing:
+            self.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs=dict(args.activation_checkpointing_kwargs or {}) or None)
+        self.checkpointing = checkpointing == "on" and bool(args.activation_checkpointing)
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
         from harness.hooks import new_rollout_batch, prepare_batch
@@ -148,7 +174,7 @@ def child(args) -> None:
     import torch
 
     resolved, paths = sweep(args)
-    harness = Harness(resolved, paths, args.workdir, args.chunk_rows_one)
+    harness = Harness(resolved, paths, args.workdir, args.chunk_rows_one, args.checkpointing_one)
     batch = torch.load(batch_path(args.workdir, args.length, args.preset), weights_only=True)
     n_params = sum(p.numel() for p in harness.model.parameters())
     harness.forward_backward(harness.inputs(batch, args.variant, 10_000, args.length))  # warm-up, another cut
@@ -166,12 +192,14 @@ def child(args) -> None:
                       ru_maxrss_before=maxrss0, ru_maxrss_after=ru_maxrss_bytes(), grad_bytes=4 * n_params)
         runs.append(result)
     print(json.dumps({"variant": args.variant, "length": args.length, "chunk_rows": args.chunk_rows_one,
+                      "checkpointing": harness.checkpointing,
                       "runs": runs, "process_peak_ru_maxrss": ru_maxrss_bytes()}))
 
 
-def memory_runs(length: int, chunk_rows: int, variant: str, args) -> dict:
+def memory_runs(length: int, chunk_rows: int, checkpointing: str, variant: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--chunk-rows-one",
-           str(chunk_rows), "--mem-repeats", str(args.mem_repeats), "--workdir", str(args.workdir), "--preset",
+           str(chunk_rows), "--checkpointing-one", checkpointing, "--mem-repeats", str(args.mem_repeats),
+           "--workdir", str(args.workdir), "--preset",
            args.preset, "--warmstart-steps", str(args.warmstart_steps)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -185,6 +213,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmstart-steps", type=int, default=300, help="tiny preset only")
     parser.add_argument("--lengths", default="64,256", help="max completion lengths of the sampled batches")
     parser.add_argument("--chunk-rows", default="16,1", help="train.forward_chunk_rows values")
+    parser.add_argument("--checkpointing", default="on",
+                        help="activation checkpointing: on (as training runs today: TRL's default) and/or off")
+    parser.add_argument("--grid", default="",
+                        help="explicit settings length:chunk_rows:checkpointing,... instead of the product")
     parser.add_argument("--repeats", type=int, default=5, help="measured (uniform, NAT) pairs per setting")
     parser.add_argument("--mem-repeats", type=int, default=3, help="measured runs per memory subprocess")
     parser.add_argument("--skip-memory", action="store_true")
@@ -194,6 +226,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--chunk-rows-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpointing-one", default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args)
@@ -208,9 +241,17 @@ def main(argv=None) -> dict:
     env = environment()
     started = time.perf_counter()
     settings = []
-    for rows in chunk_rows:
-        harness = Harness(resolved, paths, args.workdir, rows)
+    if args.grid:
+        grid = [(int(a), int(b), c) for a, b, c in (g.split(":") for g in args.grid.split(","))]
+        lengths = sorted({g[0] for g in grid})
         for length in lengths:
+            ensure_batch(resolved, paths, args.workdir, length)
+    else:
+        grid = [(length, rows, ck) for ck in args.checkpointing.split(",") for rows in chunk_rows
+                for length in lengths]
+    for (rows, ck) in dict.fromkeys((g[1], g[2]) for g in grid):
+        harness = Harness(resolved, paths, args.workdir, rows, ck)
+        for length in [g[0] for g in grid if (g[1], g[2]) == (rows, ck)]:
             batch = torch.load(batch_path(args.workdir, length, args.preset), weights_only=True)
             timing = {"uniform": [], "nat": []}
             for repeat in range(args.repeats + 1):  # repeat 0: warm-up pair
@@ -219,9 +260,10 @@ def main(argv=None) -> dict:
                     result = harness.forward_backward(harness.inputs(batch, variant, repeat, length))
                     result["repeat"] = repeat
                     timing[variant].append(result)
-            print(f"[bench] timing L={length} chunk_rows={rows} done ({time.perf_counter() - started:.0f} s)",
-                  flush=True)
-            settings.append({"length": length, "chunk_rows": rows, "timing": timing,
+            print(f"[bench] timing L={length} chunk_rows={rows} checkpointing={ck} done "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+            settings.append({"length": length, "chunk_rows": rows, "checkpointing": harness.checkpointing,
+                             "checkpointing_arg": ck, "timing": timing,
                              "batch": {"rows": int(batch["completion_ids"].shape[0]),
                                        "prompt_tokens_per_row": batch["prompt_tokens"] / batch["rows"],
                                        "mean_completion_length": batch["generated_tokens"] / batch["rows"],
@@ -232,7 +274,8 @@ def main(argv=None) -> dict:
         for setting in settings:
             setting["memory"] = {}
             for variant in ("uniform", "nat"):
-                setting["memory"][variant] = memory_runs(setting["length"], setting["chunk_rows"], variant, args)
+                setting["memory"][variant] = memory_runs(setting["length"], setting["chunk_rows"],
+                                                         setting["checkpointing_arg"], variant, args)
                 print(f"[bench] memory L={setting['length']} chunk_rows={setting['chunk_rows']} {variant} done "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     record = analyse(settings, args, resolved, env, time.perf_counter() - started)
@@ -276,7 +319,8 @@ def analyse(settings: list[dict], args, resolved, env: dict, elapsed: float) -> 
             s["memory_summary"] = mem
     train = resolved.preset.train
     return {"benchmark": "nat_savings", "preset": resolved.preset.name,
-            "settings": {"lengths": [int(x) for x in args.lengths.split(",")], "chunk_rows": args.chunk_rows,
+            "settings": {"lengths": sorted({r["length"] for r in settings}), "chunk_rows": args.chunk_rows,
+                         "grid": args.grid, "checkpointing": args.checkpointing,
                          "repeats": args.repeats, "mem_repeats": args.mem_repeats, "threads": train.threads,
                          "stats_chunk_size": train.stats_chunk_size, "prompts_per_step": train.prompts_per_step,
                          "num_generations": train.num_generations,
@@ -300,13 +344,15 @@ def summary_markdown(record: dict) -> str:
         m = r.get("memory_summary")
         rows.append([
             f"{r['length']} ({b['mean_completion_length']:.0f} / prompt {b['prompt_tokens_per_row']:.0f})",
-            r["chunk_rows"], f"{t['tokens_kept_frac']:.2f}", f"{t['positions_ratio']:.2f}",
+            r["chunk_rows"], "on" if r["checkpointing"] else "off", f"{t['tokens_kept_frac']:.2f}",
+            f"{t['positions_ratio']:.2f}",
             f"{t['uniform_s']['median']:.2f}", fmt_ratio(t["ratio_wall"]), f"{100 * t['saved']:.0f}%",
             verdict(t["met"]),
             f"{m['uniform']['working_mb']:.0f} / {m['nat']['working_mb']:.0f}" if m else "",
             f"{100 * m['saved_working']:.0f}% (act. {100 * m['saved_activation']:.0f}%, process "
             f"{100 * m['saved_process']:.0f}%)" if m else "", verdict(m["met"]) if m else "n/a"])
-    lines.append(table(["max len (mean completion / prompt)", "chunk rows", "tokens kept", "positions kept",
+    lines.append(table(["max len (mean completion / prompt)", "chunk rows", "act. ckpt", "tokens kept",
+                        "positions kept",
                         "uniform fwd+bwd s", "time NAT/uniform", "time saved", f">= {100 * TIME_TARGET:.0f}%",
                         "working MB U / N", "memory saved", f">= {100 * MEMORY_TARGET:.0f}%"], rows))
     lines += ["", "Working memory = peak RSS above the pre-step RSS during one forward + backward, parameter "

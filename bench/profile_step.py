@@ -42,7 +42,7 @@ def cprofile_block(trainer, pristine, recorder, block: int, steps: int, top: int
     wall = time.perf_counter() - started
     stats = pstats.Stats(profiler)
     entries = []
-    for (filename, line, func), (cc, nc, tt, ct, callers) in stats.stats.items():
+    for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():
         entries.append({"function": f"{Path(filename).name}:{line}({func})", "path": filename, "calls": nc,
                         "tottime": tt, "cumtime": ct})
     total = max((e["cumtime"] for e in entries), default=wall)

@@ -21,8 +21,20 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (DEFAULT_WORKDIR, describe, environment, model_dir_for, sample_rollouts, smol_sweep, table,
-                     tiny_sweep, training_dataset, trl_generation_config, update_summary, write_result)
+from _common import (
+    DEFAULT_WORKDIR,
+    describe,
+    environment,
+    model_dir_for,
+    sample_rollouts,
+    smol_sweep,
+    table,
+    tiny_sweep,
+    training_dataset,
+    trl_generation_config,
+    update_summary,
+    write_result,
+)
 
 
 def setup(preset_name: str, args):

@@ -4,7 +4,9 @@ Variants, all in one process, each its own trainer on its own copy of the warm-s
 - ``trl``: a plain ``trl.GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.trainer.grpo_config``
   (same generation settings, batch, optimizer), the same reward function and prompts;
 - ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: ``TargetedGRPOTrainer`` with the method
-  config of configs/method/<label>.yaml and the ``BudgetCallback`` of a real run (budget never reached).
+  config of configs/method/<label>.yaml and the ``BudgetCallback`` of a real run (budget never reached);
+- ``<variant>+nogc``: the same with activation checkpointing off (TRL's GRPOConfig turns it on by default and
+  ``grpo_config`` keeps that), compared with ``<variant>``: what the recomputation costs.
 
 Design (paired, interleaved): block b runs ``--steps`` optimizer steps of every variant in turn, the order
 reversed every other block (A B C, C B A, ...). Before each variant's block the weights are reset to the warm
@@ -27,15 +29,30 @@ import argparse
 import copy
 import dataclasses
 import hashlib
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import (DEFAULT_WORKDIR, Timer, describe, environment, fmt_ratio, model_dir_for, paired_ratio,
-                     smol_sweep, table, tiny_sweep, training_dataset, update_summary, verdict, write_result)
+from _common import (
+    DEFAULT_WORKDIR,
+    Timer,
+    describe,
+    environment,
+    fmt_ratio,
+    model_dir_for,
+    paired_ratio,
+    smol_sweep,
+    table,
+    tiny_sweep,
+    training_dataset,
+    update_summary,
+    verdict,
+    write_result,
+)
 
-ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat"]
+ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat", "uniform+nogc"]
 OVERHEAD_TARGET = 1.05  # uniform vs trl, and entropy/gmts/rsi/ktae vs uniform
 DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
 
@@ -54,10 +71,15 @@ def build_trainer(variant: str, resolved, paths, workdir: Path, progress: float 
     preset.train.budget.checkpoint_fractions = [1.0]
     model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
     dataset = training_dataset(resolved, paths, tokenizer)
-    out_dir = workdir / "step_overhead" / variant
+    out_dir = workdir / "step_overhead" / variant.replace("+", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
     args = grpo_config(preset, out_dir, seed=0)
     rewards = [reward_function(preset.train.reward, preset.eval.scoring_timeout_s)]
+    variant, _, option = variant.partition("+")
+    if option == "nogc":  # TRL's GRPOConfig turns activation (gradient) checkpointing on by default; this turns it off
+        args.gradient_checkpointing = args.activation_checkpointing = False
+    elif option:
+        raise ValueError(f"unknown variant option {option!r} (known: nogc)")
     if variant == "trl":
         args.loss_type, args.beta = "dapo", 0.0
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, reward_funcs=rewards,
@@ -186,7 +208,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--set", action="append", default=[], help="preset override, e.g. train.prompts_per_step=8")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--name", default=None, help="result name (default step_overhead_<preset>)")
+    parser.add_argument("--render", type=Path, default=None,
+                        help="re-analyse a saved results/bench/step_overhead_*.json instead of measuring")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        record = analyse(saved["raw"], {"preset": saved["preset"], **saved["settings"]}, saved["environment"],
+                         saved["elapsed_s"])
+        name = args.render.stem
+        write_result(name, record)
+        update_summary(name, summary_markdown(record))
+        print(summary_markdown(record))
+        return record
     import torch  # noqa: F401  (import before the sweep helpers so the thread setting sticks)
 
     variants = [v for v in args.variants.split(",") if v]
@@ -215,7 +248,16 @@ def main(argv=None) -> dict:
             for i, rec in enumerate(recorder.steps):
                 per_variant[v].append({"block": block, "step": i, **rec})
         print(f"[bench] block {block + 1}/{args.blocks} done ({time.perf_counter() - started:.0f} s)", flush=True)
-    record = analyse(per_variant, variants, args, resolved, env, time.perf_counter() - started)
+    train = resolved.preset.train
+    settings = {"preset": resolved.preset.name, "blocks": args.blocks, "warmup_blocks": 1,
+                "steps_per_block": args.steps,
+                "warmstart_steps": args.warmstart_steps if resolved.preset.name == "tiny" else None,
+                "progress": args.progress, "overrides": args.set, "variants": variants,
+                "prompts_per_step": train.prompts_per_step, "num_generations": train.num_generations,
+                "max_completion_length": train.max_completion_length, "threads": train.threads,
+                "forward_chunk_rows": train.forward_chunk_rows, "stats_chunk_size": train.stats_chunk_size,
+                "learning_rate": train.learning_rate}
+    record = analyse(per_variant, settings, env, time.perf_counter() - started)
     write_result(name, record)
     update_summary(name, summary_markdown(record))
     print(summary_markdown(record))
@@ -234,7 +276,8 @@ def _series(rows: list[dict], key: str) -> list[float]:
     return [r[key] for r in rows]
 
 
-def analyse(per_variant: dict, variants: list[str], args, resolved, env: dict, elapsed: float) -> dict:
+def analyse(per_variant: dict, settings: dict, env: dict, elapsed: float) -> dict:
+    variants = settings["variants"]
     keys = ("wall", "cpu", "generation_wall", "train_wall", "loss_forward_wall", "train_cpu")
     stats = {v: {k: describe(_series(_measured(rows), k)) for k in keys} for v, rows in per_variant.items()}
     for v, rows in per_variant.items():
@@ -258,7 +301,11 @@ def analyse(per_variant: dict, variants: list[str], args, resolved, env: dict, e
 
     comparisons = []
     for v in variants:
-        ref = "trl" if v == "uniform" else ("uniform" if v != "trl" else None)
+        base = v.partition("+")[0]
+        if "+" in v:
+            ref = base  # e.g. uniform+nogc against uniform: what activation checkpointing costs
+        else:
+            ref = "trl" if v == "uniform" else ("uniform" if v != "trl" else None)
         if ref is None or ref not in per_variant:
             continue
         same = all(x["rollouts_hash"] == y["rollouts_hash"] for x, y in
@@ -266,29 +313,23 @@ def analyse(per_variant: dict, variants: list[str], args, resolved, env: dict, e
         comp = {"variant": v, "reference": ref, "identical_rollouts": same,
                 "step_wall": pair(v, ref, "wall"), "step_cpu": pair(v, ref, "cpu"),
                 "train_wall": pair(v, ref, "train_wall"), "generation_wall": pair(v, ref, "generation_wall")}
-        if v in DROPPING and "flops_train_per_step" in stats[v] and "flops_train_per_step" in stats[ref]:
+        if "+" in v:
+            comp["target"] = "informational"
+            comp["met"] = None
+        elif v in DROPPING and "flops_train_per_step" in stats[v] and "flops_train_per_step" in stats[ref]:
             flops_ratio = stats[v]["flops_train_per_step"] / stats[ref]["flops_train_per_step"]
             gen, train = stats[ref]["generation_wall"]["median"], stats[ref]["train_wall"]["median"]
             expected = (gen + train * flops_ratio) / (gen + train)  # time proportional to the FLOPs computed
             comp.update(train_flops_ratio=flops_ratio, expected_step_ratio=expected,
                         target=f"< 1 and <= expected x {OVERHEAD_TARGET}")
-            comp["met"] = comp["step_wall"]["median"] < 1.0 and comp["step_wall"]["median"] <= expected * OVERHEAD_TARGET
+            measured = comp["step_wall"]["median"]
+            comp["met"] = measured < 1.0 and measured <= expected * OVERHEAD_TARGET
         else:
             comp["target"] = f"<= {OVERHEAD_TARGET}"
             comp["met"] = comp["step_wall"]["median"] <= OVERHEAD_TARGET
         comparisons.append(comp)
-    train = resolved.preset.train
-    return {
-        "benchmark": "step_overhead", "preset": resolved.preset.name,
-        "settings": {"blocks": args.blocks, "warmup_blocks": 1, "steps_per_block": args.steps,
-                     "warmstart_steps": args.warmstart_steps if resolved.preset.name == "tiny" else None,
-                     "progress": args.progress, "overrides": args.set, "variants": variants,
-                     "prompts_per_step": train.prompts_per_step, "num_generations": train.num_generations,
-                     "max_completion_length": train.max_completion_length, "threads": train.threads,
-                     "forward_chunk_rows": train.forward_chunk_rows, "stats_chunk_size": train.stats_chunk_size,
-                     "learning_rate": train.learning_rate},
-        "environment": env, "elapsed_s": elapsed, "stats": stats, "comparisons": comparisons, "raw": per_variant,
-    }
+    return {"benchmark": "step_overhead", "preset": settings["preset"], "settings": settings, "environment": env,
+            "elapsed_s": elapsed, "stats": stats, "comparisons": comparisons, "raw": per_variant}
 
 
 def summary_markdown(record: dict) -> str:
@@ -309,7 +350,8 @@ def summary_markdown(record: dict) -> str:
                      f"{x['flops_train_per_step']:.3g}" if "flops_train_per_step" in x else ""])
     lines.append(table(["variant", "step s", "generation s", "train s", "loss fwd s", "step CPU s",
                         "mean completion", "train FLOPs/step"], rows))
-    lines += ["", "Ratios (median per-pair [IQR]):", ""]
+    lines += ["", "Ratios (median of per-pair ratios [interquartile range] (90% bootstrap interval of the median)):",
+              ""]
     rows = []
     for c in record["comparisons"]:
         expected = f"{c['expected_step_ratio']:.3f} (train FLOPs x{c['train_flops_ratio']:.2f})" \

@@ -261,7 +261,7 @@ def test_partition_and_account_come_from_the_config(tmp_path):
 
 def test_default_sweep_dry_run_is_unchanged_by_the_profile(tmp_path):
     output = dry_run(SWEEPS / "default.yaml", tmp_path)
-    assert job_stats(output) == {"data": 1, "warmstart": 1, "train": 14, "eval": 29, "report": 1, "all": 1}
+    assert job_stats(output) == {"data": 1, "warmstart": 1, "train": 16, "eval": 33, "report": 1, "all": 1}
     train = [j for j in job_blocks(output) if j["rule"] == "train"]
     assert all(j["shell"].startswith("harness train --sweep ") and j["resources"]["gpu"] == "0" for j in train)
 
