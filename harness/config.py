@@ -144,6 +144,9 @@ class TrainConfig:
     reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
     forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
+    # recompute activations in the backward pass (TRL's default): saves GPU memory at long lengths, costs time;
+    # the tiny preset turns it off (0.82x step time on CPU, bench/step_overhead.py)
+    activation_checkpointing: bool = True
     save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
     max_nonfinite_steps: int = 3  # steps with a NaN/inf loss are skipped; one more than this stops the run
     threads: int = 1  # torch CPU threads per job

@@ -114,6 +114,7 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         warmup_steps=train.warmup_steps,
         weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm,
+        activation_checkpointing=train.activation_checkpointing,
         beta=0.0,  # the reference forward, when train.beta > 0, runs in this adapter on the reduced batch
         epsilon=train.clip_eps_low,
         epsilon_high=train.clip_eps_high,

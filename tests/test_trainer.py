@@ -124,3 +124,13 @@ def test_kl_term_uses_a_frozen_reference(tiny_model_dir, tmp_path):
     with_kl = trainer._compute_loss(model, inputs)
     trainer.preset.train.beta = 0.0
     torch.testing.assert_close(with_kl, trainer._compute_loss(model, inputs))
+
+
+
+def test_activation_checkpointing_follows_the_preset(tmp_path):
+    # TRL turns it on by default (GPU memory at long lengths); the tiny preset turns it off to save CPU time
+    from harness.config import REPO_ROOT, resolve
+
+    assert grpo_config(PresetConfig(name="test"), tmp_path, seed=0).activation_checkpointing is True
+    tiny = resolve(REPO_ROOT / "configs/sweeps/default.yaml").preset
+    assert grpo_config(tiny, tmp_path, seed=0).activation_checkpointing is False
