@@ -17,6 +17,10 @@ What is counted, phase by phase (the accounting counts what a method really skip
 - reference forward (only when beta > 0): the padded shape actually computed, per row chunk.
 - training forward + backward: the padded shape actually computed, per row chunk, times 3. Rollouts a method
   drops (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted.
+Distributed runs: each process counts its own rollouts and forwards for the current step; at the end of the step
+the counts are summed over the processes (one all-reduce), so every process holds the same totals and stops at the
+same step, and seconds are accelerator-seconds (summed over the training devices; GPUs of a separate vLLM server
+are not counted).
 Measured seconds: CUDA events on a GPU, ``time.process_time`` (CPU time of this process, all threads) on CPU; the
 clock used is recorded. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU, the process's peak resident
 set size on CPU (``ru_maxrss``).
@@ -44,12 +48,17 @@ class ModelShape:
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
         head = model.get_output_embeddings()
-        n_head = head.weight.numel()
-        n_linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        n_head = _full_numel(head.weight)
+        n_linear = sum(_full_numel(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear))
         head_is_linear = isinstance(head, torch.nn.Linear)
         n_body = n_linear - (n_head if head_is_linear else 0)
         config = model.config
         return cls(n_body=n_body, n_head=n_head, n_layers=config.num_hidden_layers, d_model=config.hidden_size)
+
+
+def _full_numel(weight: torch.Tensor) -> int:
+    """Elements of the whole weight, also where ZeRO-3 left only a shard in place (it keeps the count)."""
+    return int(getattr(weight, "ds_numel", weight.numel()))
 
 
 def forward_flops(shape: ModelShape, positions: float, logit_positions: float, pairs: float) -> float:
@@ -143,6 +152,26 @@ class BudgetLedger:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def counters(self) -> list[float]:
+        """Every additive quantity in a fixed order: what the processes of a distributed run sum up."""
+        return [float(self.steps), float(self.samples), float(self.generated_tokens), float(self.prompt_tokens),
+                float(self.forwarded_positions), float(self.trained_positions), float(self.weighted_tokens),
+                *(self.flops[p] for p in PHASES), *(self.seconds[p] for p in PHASES), self.step_seconds]
+
+    def add_counters(self, values: list[float]) -> None:
+        (steps, samples, generated, prompt, forwarded, trained, weighted), rest = values[:7], values[7:]
+        self.steps += round(steps)
+        self.samples += round(samples)
+        self.generated_tokens += round(generated)
+        self.prompt_tokens += round(prompt)
+        self.forwarded_positions += round(forwarded)
+        self.trained_positions += round(trained)
+        self.weighted_tokens += round(weighted)
+        for i, phase in enumerate(PHASES):
+            self.flops[phase] += rest[i]
+            self.seconds[phase] += rest[len(PHASES) + i]
+        self.step_seconds += rest[2 * len(PHASES)]
 
     @classmethod
     def from_dict(cls, data: dict) -> BudgetLedger:

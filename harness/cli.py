@@ -52,8 +52,9 @@ def cmd_train(args) -> None:
     method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
     spec = load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
     record = run_training(resolved, spec, args.seed, paths)
-    print(f"trained {spec.label} seed {args.seed}: {record['budget']['spent_steps']} steps, "
-          f"{record['train_seconds']:.1f} s")
+    if record is not None:  # the main process of a distributed run
+        print(f"trained {spec.label} seed {args.seed}: {record['budget']['spent_steps']} steps, "
+              f"{record['train_seconds']:.1f} s")
 
 
 def cmd_fetch(args) -> None:

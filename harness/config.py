@@ -144,6 +144,9 @@ class TrainConfig:
     reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
     forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
+    # rows per backward pass: > 0 keeps only that many rows' activations alive (one more no-grad forward over the
+    # batch gives the method its statistics first); 0 = one backward over the process's whole batch
+    backward_chunk_rows: int = 0
     # recompute activations in the backward pass (TRL's default): saves GPU memory at long lengths, costs time;
     # the tiny preset turns it off (0.82x step time on CPU, bench/step_overhead.py)
     activation_checkpointing: bool = True
@@ -170,6 +173,7 @@ class TrainConfig:
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
               "stats_chunk_size": (1, None), "threads": (1, None), "forward_chunk_rows": (1, None),
+              "backward_chunk_rows": (0, None),
               "save_every_steps": (0, None), "max_nonfinite_steps": (0, None),
               "vllm_gpu_memory_utilization": (0.05, 1.0), "vllm_tensor_parallel_size": (1, None),
               "vllm_max_model_length": (0, None)}

@@ -129,9 +129,10 @@ def convert_gguf(cfg: ModelConfig, out_dir: Path) -> dict:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def save_policy(model, tokenizer, out_dir: Path) -> None:
+def save_policy(model, tokenizer, out_dir: Path, state_dict: dict | None = None) -> None:
+    """``state_dict``: the full weights when the model's own are sharded (gathered by the caller)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 
 

@@ -515,12 +515,17 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
             f"{budget.amount:g}, compared at each checkpoint fraction. Seeds: {len(evidence.seeds)} "
             f"({', '.join(map(str, evidence.seeds))}); problems: {problems}. "
             f"Intervals: 95% percentile bootstrap ({n_resamples} resamples), seeds and problems resampled (problems "
-            f"within each benchmark). Δ: paired difference to `{evidence.baseline}` (same seed indices, same "
-            f"problems). P(X > Y): probability that a seed of the method beats a seed of the baseline (averaged over "
-            f"benchmarks for the overview). Verdict 'tied' when the Δ interval covers 0; rank = 1 + the number of "
-            f"methods whose paired difference to this one is significantly positive (equal ranks: not separated). "
-            f"Each interval is 95% on its own, with no correction for comparing several methods: among many "
-            f"methods one spurious 'better' or 'worse' is to be expected.")
+            f"within each benchmark). ")
+    if evidence.baseline is None:
+        note += ("This sweep has no `uniform` label, so there is no baseline: the Δ, P and verdict columns are "
+                 "empty and methods are not ranked against each other.")
+    else:
+        note += (f"Δ: paired difference to `{evidence.baseline}` (same seed indices, same problems). P(X > Y): "
+                 f"probability that a seed of the method beats a seed of the baseline (averaged over benchmarks for "
+                 f"the overview). Verdict 'tied' when the Δ interval covers 0; rank = 1 + the number of methods "
+                 f"whose paired difference to this one is significantly positive (equal ranks: not separated). "
+                 f"Each interval is 95% on its own, with no correction for comparing several methods: among many "
+                 f"methods one spurious 'better' or 'worse' is to be expected.")
     if len(evidence.seeds) == 1:
         note += (" **One seed only: the intervals cover problem sampling, not training randomness; read 'better' "
                  "and 'worse' with care.**")

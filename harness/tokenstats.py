@@ -1,4 +1,4 @@
-"""Per-token statistics of sampled completions, computed in chunks of positions from the last hidden states.
+"""Per-token statistics of sampled completions, computed in chunks of positions inside the model's own forward.
 
 logp, entropy and sum_p2 need the softmax over the whole vocabulary at every completion position. Materialising
 (B, T, V) float32 logits is the memory trap (V = 152k for Qwen: 0.6 MB per position). Instead the LM head is
@@ -6,32 +6,32 @@ applied to ``chunk_size`` positions at a time; the chunk's logits are reduced to
 With more than one chunk, each chunk runs under activation checkpointing so that backward recomputes its logits
 instead of keeping them: peak memory grows with chunk_size x V, not with B x T x V.
 
+Where the chunks run: for the duration of one call the model's LM head is swapped for ``StatisticsHead``, which
+calls the original head module chunk by chunk and returns the statistics in place of logits. So the model (and
+whatever wraps it) runs its own forward: DistributedDataParallel still all-reduces the gradients, and under
+DeepSpeed ZeRO-3 or FSDP the head's weights are gathered by the wrapper's hooks exactly as for a normal forward
+(the head module is called, its weight is never read directly).
+
 Only ``logp`` carries a gradient. ``entropy`` and ``sum_p2`` are computed from the same logits without grad and
 only when asked for (the uniform baseline asks for none of them, see ``Method.needs``).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 EXTRA_STATISTICS = ("entropy", "sum_p2")
+# config attributes of models that transform the head's logits after the head; the statistics would miss that
+UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 
 
-def completion_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                             logits_to_keep: int) -> torch.Tensor:
-    """(B, L) prompt+completion -> (B, T) x H final hidden states at the positions that predict the T completion
-    tokens. The model itself is called (not its inner decoder), so a DistributedDataParallel wrapper still
-    all-reduces the gradients; ``logits_to_keep=1`` keeps its LM head to a single position."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1,
-                use_cache=False)
-    return out.hidden_states[-1][:, -logits_to_keep - 1:-1, :]
-
-
-def _chunk_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      targets: torch.Tensor, temperature: float, extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+def _chunk_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+                      extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
     """(N, H) hidden, (N,) targets -> logp (N,) [, entropy (N,)] [, sum_p2 (N,)] for one chunk."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature  # (N, V)
+    logits = lm_head(hidden).float() / temperature  # (N, V)
     log_norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
     out = [logp]
@@ -46,23 +46,20 @@ def _chunk_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return tuple(out)
 
 
-def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Linear, targets: torch.Tensor, extras: tuple[str, ...],
+def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, extras: tuple[str, ...],
                      temperature: float = 1.0, chunk_size: int = 256) -> dict[str, torch.Tensor]:
     """(B, T, H) hidden states and (B, T) sampled token ids -> {"logp": (B, T), "entropy"?: (B, T), ...}.
 
     ``extras`` is a subset of EXTRA_STATISTICS; temperature divides the logits as at sampling time.
     """
-    unknown = set(extras) - set(EXTRA_STATISTICS)
-    if unknown:
-        raise ValueError(f"unknown statistics {sorted(unknown)}; allowed: {list(EXTRA_STATISTICS)}")
-    extras = tuple(name for name in EXTRA_STATISTICS if name in extras)  # fixed order
+    extras = _ordered(extras)
     B, T, H = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)
     n_chunks = max(1, -(-B * T // chunk_size))
     pieces = []
     for start in range(0, B * T, chunk_size):
-        args = (flat_hidden[start:start + chunk_size], lm_head.weight, lm_head.bias,
-                flat_targets[start:start + chunk_size], temperature, extras)
+        args = (flat_hidden[start:start + chunk_size], lm_head, flat_targets[start:start + chunk_size], temperature,
+                extras)
         use_checkpoint = n_chunks > 1 and torch.is_grad_enabled() and flat_hidden.requires_grad
         pieces.append(checkpoint(_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
                       else _chunk_statistics(*args))
@@ -70,11 +67,64 @@ def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Linear, targets: to
     return {name: torch.cat([p[i] for p in pieces]).reshape(B, T) for i, name in enumerate(names)}
 
 
+def _ordered(extras: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = set(extras) - set(EXTRA_STATISTICS)
+    if unknown:
+        raise ValueError(f"unknown statistics {sorted(unknown)}; allowed: {list(EXTRA_STATISTICS)}")
+    return tuple(name for name in EXTRA_STATISTICS if name in extras)  # fixed order
+
+
+class StatisticsHead(torch.nn.Module):
+    """Stands in for the LM head during one forward: (B, T + 1, H) hidden states of the kept positions ->
+    (B, T, n) statistics of the T completion tokens (the last position predicts nothing sampled)."""
+
+    def __init__(self, head: torch.nn.Module, targets: torch.Tensor, extras: tuple[str, ...], temperature: float,
+                 chunk_size: int):
+        super().__init__()
+        self.head = head
+        self.targets, self.extras, self.temperature, self.chunk_size = targets, extras, temperature, chunk_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        stats = token_statistics(hidden[:, :-1, :], self.head, self.targets, self.extras, self.temperature,
+                                 self.chunk_size)
+        return torch.stack([stats[name] for name in ("logp", *self.extras)], dim=-1)
+
+
+def unwrapped(model) -> torch.nn.Module:
+    """The transformers model inside a DDP wrapper or DeepSpeed engine (both keep it in ``.module``)."""
+    return getattr(model, "module", model)
+
+
+@contextmanager
+def _head_swapped(model, head: torch.nn.Module):
+    inner = unwrapped(model)
+    original = inner.get_output_embeddings()
+    inner.set_output_embeddings(head)
+    try:
+        yield
+    finally:
+        inner.set_output_embeddings(original)
+
+
+def check_plain_logits(model) -> None:
+    config = unwrapped(model).config
+    used = [name for name in UNSUPPORTED_LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1.0)]
+    if used:
+        raise ValueError(f"model config sets {used}: its logits are transformed after the LM head, which the token "
+                         "statistics (harness/tokenstats.py) do not reproduce; this model is not supported")
+
+
 def model_token_statistics(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                            extras: tuple[str, ...], temperature: float = 1.0,
                            chunk_size: int = 256) -> dict[str, torch.Tensor]:
-    """Statistics of the last ``logits_to_keep`` tokens of ``input_ids`` under ``model``."""
-    hidden = completion_hidden_states(model, input_ids, attention_mask, logits_to_keep)
-    targets = input_ids[:, -logits_to_keep:]
-    lm_head = getattr(model, "module", model).get_output_embeddings()  # DDP wraps the model in .module
-    return token_statistics(hidden, lm_head, targets, extras, temperature, chunk_size)
+    """Statistics of the last ``logits_to_keep`` tokens of ``input_ids`` under ``model`` (wrapped or not)."""
+    extras = _ordered(extras)
+    check_plain_logits(model)
+    original = unwrapped(model).get_output_embeddings()
+    head = StatisticsHead(original, input_ids[:, -logits_to_keep:], extras, temperature, chunk_size)
+    with _head_swapped(model, head):
+        stacked = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1,
+                        use_cache=False).logits
+    out = {"logp": stacked[..., 0]}
+    out.update({name: stacked[..., i].detach() for i, name in enumerate(extras, start=1)})
+    return out

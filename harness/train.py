@@ -90,10 +90,12 @@ def training_rows(resolved: Resolved, paths: SweepPaths, seed: int) -> list[dict
     return rows
 
 
-def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict:
+def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict | None:
     """Train ``spec`` from the warm start until the budget is spent; write the budget checkpoints,
     metrics.jsonl and run.json. With ``train.save_every_steps`` the run resumes from its last trainer
-    checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun."""
+    checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun. Under accelerate
+    launch every process calls this; the main process writes the files and gets the run record, the others None."""
+    from accelerate import PartialState
     from datasets import Dataset
     from transformers import set_seed
 
@@ -109,11 +111,14 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     budget = preset.train.budget
     run_key = hashlib.sha256(json.dumps([resolved.to_dict()["preset"], spec.name, spec.params.__dict__, run_seed],
                                         sort_keys=True, default=str).encode()).hexdigest()
-    resume_from = last_complete_checkpoint(run_dir / "trl", run_key)
     metrics_partial = run_dir / "metrics.jsonl.partial"
-    if resume_from is None:
-        _clear_run_outputs(run_dir, budget.checkpoint_fractions)
-        metrics_partial.unlink(missing_ok=True)
+    # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared)
+    processes = PartialState(cpu=not torch.cuda.is_available())
+    with processes.main_process_first():  # the main process cleans up; the others then find the same state
+        resume_from = last_complete_checkpoint(run_dir / "trl", run_key)
+        if resume_from is None:
+            _clear_run_outputs(run_dir, budget.checkpoint_fractions)
+            metrics_partial.unlink(missing_ok=True)
     model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
     rows = training_rows(resolved, paths, run_seed)
     dataset = Dataset.from_list([{"prompt": render_prompt(preset.prompt_template, r["problem"], tokenizer),
@@ -128,7 +133,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs, metrics_partial))
     if resume_from is not None:
         trainer.restore_ledger(Path(resume_from))
-        _drop_metrics_after(metrics_partial, trainer.ledger.steps)
+        if processes.is_main_process:
+            _drop_metrics_after(metrics_partial, trainer.ledger.steps)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume_from)
     elapsed = time.perf_counter() - started
@@ -136,6 +142,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     if missing:
         raise RuntimeError(f"training stopped before the budget was spent (max_steps cap "
                            f"{budget.max_steps}?): checkpoints {missing} were not written")
+    peak_memory = trainer.max_over_processes(peak_memory_bytes(trainer.accelerator.device))
+    if not processes.is_main_process:
+        return None
     metrics_partial.replace(run_dir / "metrics.jsonl")
     ledger = trainer.ledger
     record = {
@@ -147,7 +156,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
                    "spent_steps": ledger.steps, "clock": trainer.clock.name,
                    "checkpoints": {name: info["step"] for name, info in trainer.saved_checkpoints.items()},
                    "checkpoint_spend": trainer.saved_checkpoints, "ledger": ledger.to_dict(),
-                   "peak_memory_bytes": peak_memory_bytes(trainer.accelerator.device),
+                   "peak_memory_bytes": peak_memory, "processes": processes.num_processes,
                    "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss"},
         "counters": {"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
                      "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -138,6 +139,15 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     )
 
 
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the policy for the reference. GRPOTrainer replaces ``model.forward`` by a closure over the
+    original model's forward; a deep copy would keep calling the policy through it, so the copy gets its class's
+    own forward back."""
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    reference.__dict__.pop("forward", None)
+    return reference
+
+
 class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
@@ -149,7 +159,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self.method = method
         self.preset = preset
         self.run_seed = run_seed
-        self.ledger = BudgetLedger()
+        self.ledger = BudgetLedger()  # totals of the whole run, over every process (identical on each)
+        self.step_ledger = BudgetLedger()  # what this process counted in the current step
         self.saved_checkpoints: dict[str, dict] = {}  # budget checkpoint name -> step and spend when saved
         self.nonfinite_steps = 0
         self._skip_optimizer_step = False
@@ -160,7 +171,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
                                                if i is not None}))
         self.ref_policy = None
         if preset.train.beta > 0 or "ref_logp" in method.needs:
-            self.ref_policy = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+            self.ref_policy = frozen_copy(self.accelerator.unwrap_model(self.model))
 
     # --- context -------------------------------------------------------------------------------------------------
 
@@ -195,7 +206,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
                                   group_all[local], self.preset.train.scale_rewards, self.special_token_ids,
                                   rollout_advantages=advantages_all[local])
         if self.sample_batch_path is not None and self.state.global_step == 0:
-            self._write_sample_batch(out, batch)
+            self._write_sample_batch(out, batch)  # every process runs the forward (collectives under ZeRO-3/FSDP)
         prepared = prepare_batch(self.method, batch, self.step_context())
         if len(prepared.rows) == 0 or prepared.length == 0:
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
@@ -214,6 +225,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         train = self.preset.train
         stats = model_token_statistics(self.model, input_ids, attention_mask, out["completion_ids"].shape[1],
                                        ("entropy", "sum_p2"), train.temperature, train.stats_chunk_size)
+        if not self.accelerator.is_main_process:
+            return
         tokenizer = self.processing_class
         write_json_atomic(self.sample_batch_path, {
             "completion_ids": batch.completion_ids.tolist(), "completion_mask": batch.completion_mask.int().tolist(),
@@ -248,7 +261,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _count_generation(self, out: dict) -> None:
         prompt_lengths = out["prompt_mask"].sum(dim=1).tolist()
         completion_lengths = out["completion_mask"].sum(dim=1).tolist()
-        ledger = self.ledger
+        ledger = self.step_ledger
         ledger.samples += len(prompt_lengths)
         ledger.prompt_tokens += int(sum(prompt_lengths))
         ledger.generated_tokens += int(sum(completion_lengths))
@@ -267,14 +280,14 @@ class TargetedGRPOTrainer(GRPOTrainer):
             keep=torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device),
             special_token_ids=self.special_token_ids, extras=extras)
 
-    def _row_chunks(self, inputs: dict):
+    def _row_chunks(self, inputs: dict, rows_per_chunk: int):
         """Rows sorted by length and cut into chunks, each trimmed to its own longest prompt and kept completion:
         what a method truncated (NAT) is not computed even when other rows of the batch are longer."""
         prompt_lengths = inputs["prompt_mask"].sum(dim=1)
         positions = torch.arange(1, inputs["completion_mask"].shape[1] + 1, device=prompt_lengths.device)
         completion_lengths = (inputs["completion_mask"] * positions).amax(dim=1).long().clamp(min=1)
         order = torch.argsort(prompt_lengths + completion_lengths, stable=True)
-        for rows in order.split(self.preset.train.forward_chunk_rows):
+        for rows in order.split(rows_per_chunk):
             prompt_width, completion_width = int(prompt_lengths[rows].max()), int(completion_lengths[rows].max())
             prompt_cols = slice(inputs["prompt_ids"].shape[1] - prompt_width, None)  # prompts are left-padded
             input_ids = torch.cat([inputs["prompt_ids"][rows, prompt_cols],
@@ -283,60 +296,120 @@ class TargetedGRPOTrainer(GRPOTrainer):
                                         inputs["completion_mask"][rows, :completion_width]], dim=1)
             yield rows, input_ids, attention_mask, completion_width
 
-    def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str) -> dict[str, torch.Tensor]:
-        """Token statistics (B, T) assembled from the row chunks; FLOPs of the computed shapes go to ``phase``."""
-        train, T = self.preset.train, inputs["completion_ids"].shape[1]
+    def _chunk_statistics(self, model, chunk, extras: tuple[str, ...], phase: str, backward: bool) -> dict:
+        """Statistics of one row chunk, padded to the batch's T; its FLOPs go to ``phase`` (x3 with backward)."""
+        rows, input_ids, attention_mask, width = chunk
+        train = self.preset.train
+        stats = model_token_statistics(model, input_ids, attention_mask, width, extras, train.temperature,
+                                       train.stats_chunk_size)
+        flops = padded_forward_flops(self.model_shape, len(rows), input_ids.shape[1], width)
+        self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
+        self.step_ledger.forwarded_positions += input_ids.numel()
+        if phase == "train":
+            self.step_ledger.trained_positions += input_ids.numel() if backward else 0
+        return stats
+
+    def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str,
+                            backward: bool) -> dict[str, torch.Tensor]:
+        """Token statistics (B, T) assembled from the row chunks of ``train.forward_chunk_rows`` rows."""
+        T = inputs["completion_ids"].shape[1]
         pieces, order = [], []
-        for rows, input_ids, attention_mask, width in self._row_chunks(inputs):
-            stats = model_token_statistics(model, input_ids, attention_mask, width, extras, train.temperature,
-                                           train.stats_chunk_size)
-            pieces.append({k: torch.nn.functional.pad(v, (0, T - width)) for k, v in stats.items()})
-            order.append(rows)
-            flops = padded_forward_flops(self.model_shape, len(rows), input_ids.shape[1], width)
-            self.ledger.flops[phase] += flops * (3.0 if phase == "train" else 1.0)  # backward ~ 2x forward
-            self.ledger.forwarded_positions += input_ids.numel()
-            if phase == "train":
-                self.ledger.trained_positions += input_ids.numel()
+        for chunk in self._row_chunks(inputs, self.preset.train.forward_chunk_rows):
+            stats = self._chunk_statistics(model, chunk, extras, phase, backward)
+            pieces.append({k: torch.nn.functional.pad(v, (0, T - chunk[3])) for k, v in stats.items()})
+            order.append(chunk[0])
         inverse = torch.argsort(torch.cat(order))
         return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
 
-    def _token_stats(self, model, inputs: dict) -> TokenStats:
+    def _token_stats(self, model, inputs: dict, backward: bool = True) -> TokenStats:
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
-        stats = self._chunked_statistics(model, inputs, extras, "train")
+        stats = self._chunked_statistics(model, inputs, extras, "train", backward)
         ref_logp = None
         if self.ref_policy is not None:
             started = self.clock.start()
             with torch.no_grad():
-                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference")["logp"]
+                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False)["logp"]
             self.clock.stop("reference", started)
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
                           sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
+
+    def _policy_loss(self, logp, ref_logp, advantages, kl_weights, weights, denominator,
+                     ctx: StepContext) -> torch.Tensor:
+        """sum(weights * clipped surrogate) / denominator, plus beta x the k3 KL over every completion token."""
+        ratio = torch.exp(logp - logp.detach())  # one optimizer step per generation batch: pi_old = pi_theta
+        # l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+        unclipped = ratio * advantages
+        clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high) * advantages
+        loss = (weights * -torch.minimum(unclipped, clipped)).sum() / denominator
+        if ctx.beta > 0:
+            # k3 estimator of KL(pi_theta || pi_ref), over every completion token (not the method's selection)
+            log_ratio_ref = ref_logp - logp
+            kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+            base_weights, base_denominator = kl_weights
+            loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
+        return loss
 
     def _compute_loss(self, model, inputs):
         started = time.perf_counter()
         ctx = self.step_context()
         batch = self._rollout_batch_from_inputs(inputs)
+        chunk_rows = self.preset.train.backward_chunk_rows
+        if chunk_rows and batch.completion_mask.shape[0] > chunk_rows:
+            return self._loss_in_backward_chunks(model, inputs, batch, ctx, chunk_rows, started)
         stats = self._token_stats(model, inputs)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
-        # l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
-        ratio = torch.exp(stats.logp - stats.old_logp)
-        advantages = batch.advantages
-        unclipped = ratio * advantages
-        clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high) * advantages
-        per_token_loss = -torch.minimum(unclipped, clipped)
-        loss = (result.weights * per_token_loss).sum() / result.denominator
         mask = batch.completion_mask
-        if ctx.beta > 0:
-            # k3 estimator of KL(pi_theta || pi_ref), over every completion token (not the method's selection)
-            log_ratio_ref = stats.ref_logp - stats.logp
-            kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
-            base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
-            loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
-            self._log_train("kl", float((kl.detach() * mask).sum() / mask.sum().clamp(min=1)))
-        self._log_step_metrics(stats, result, ratio, advantages, mask, started)
+        kl_weights = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
+        loss = self._policy_loss(stats.logp, stats.ref_logp, batch.advantages, kl_weights, result.weights,
+                                 result.denominator, ctx)
+        self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
         if not torch.isfinite(loss.detach()):
             return self._skip_nonfinite_step(model, loss)
         return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
+
+    def _loss_in_backward_chunks(self, model, inputs, batch: RolloutBatch, ctx: StepContext, chunk_rows: int,
+                                 started: float):
+        """The same loss and gradient with activations of only ``chunk_rows`` rows alive at a time: a no-grad
+        forward over the whole batch gives the method its statistics and the token weights; then each row chunk
+        runs forward + backward with its share of the loss (gradients accumulate, synchronised across processes
+        only in the last backward, which the Trainer runs on the returned loss). Costs one more forward."""
+        with torch.no_grad():
+            stats = self._token_stats(model, inputs, backward=False)
+        result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
+        mask = batch.completion_mask
+        self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
+        base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
+        weights = result.weights.detach()
+        chunks = list(self._row_chunks(inputs, chunk_rows))
+        done = torch.zeros((), device=mask.device)
+        for index, chunk in enumerate(chunks):
+            rows, width = chunk[0], chunk[3]
+            logp = self._chunk_statistics(model, chunk, (), "train", backward=True)["logp"]
+            ref_logp = None if stats.ref_logp is None else stats.ref_logp[rows, :width]
+            loss = self._policy_loss(logp, ref_logp, batch.advantages[rows, :width],
+                                     (base_weights[rows, :width], base_denominator), weights[rows, :width],
+                                     result.denominator, ctx)
+            if index == len(chunks) - 1:
+                total = loss + done  # the value of the whole loss; the gradient of the last chunk
+                if not torch.isfinite(total.detach()):
+                    return self._skip_nonfinite_step(model, total)
+                return total
+            with self._gradients_accumulate(model):
+                self.accelerator.backward(loss)
+            done = done + loss.detach()
+
+    @contextmanager
+    def _gradients_accumulate(self, model):
+        """A backward that adds to the gradients without synchronising them (DDP/FSDP no_sync) and without an
+        optimizer step (DeepSpeed steps in every backward at a gradient-accumulation boundary)."""
+        gradient_state = self.accelerator.gradient_state
+        sync = gradient_state.sync_gradients
+        gradient_state._set_sync_gradients(False)
+        try:
+            with self.accelerator.no_sync(model):
+                yield
+        finally:
+            gradient_state._set_sync_gradients(sync)
 
     # --- non-finite losses: skip the step, count it, stop past the limit ------------------------------------------
 
@@ -365,6 +438,30 @@ class TargetedGRPOTrainer(GRPOTrainer):
         optimizer.step = step_unless_skipped
         return optimizer
 
+    # --- budget: one all-reduce per step ------------------------------------------------------------------------
+
+    def close_step_accounting(self, seconds: dict[str, float], step_seconds: float) -> None:
+        """Adds this step's counts, summed over the processes, to the run's totals: every process then holds the
+        same totals and takes the same stop decision; seconds become accelerator-seconds (summed over devices)."""
+        local = self.step_ledger
+        local.step_seconds += step_seconds
+        local.seconds["generation"] += seconds.get("generation", 0.0)
+        local.seconds["reference"] += seconds.get("reference", 0.0)
+        local.seconds["train"] += step_seconds - seconds.get("generation", 0.0) - seconds.get("reference", 0.0)
+        counts = torch.tensor(local.counters(), dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts, reduction="sum")
+        self.ledger.add_counters(counts.cpu().tolist())
+        self.ledger.steps += 1
+        self.step_ledger = BudgetLedger()
+
+    def max_over_processes(self, value: int) -> int:
+        """The largest of one number over the processes (peak memory: the busiest device)."""
+        if self.accelerator.num_processes == 1:
+            return value
+        values = self.accelerator.gather(torch.tensor([value], dtype=torch.int64, device=self.accelerator.device))
+        return int(values.max())
+
     # --- resumable checkpoints ----------------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
@@ -387,17 +484,22 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _log_train(self, name: str, value: float) -> None:
         self._metrics["train"][name].append(value)
 
-    def _log_step_metrics(self, stats, result, ratio, advantages, mask, started: float) -> None:
+    def _log_step_metrics(self, stats: TokenStats, result, advantages, mask, ctx: StepContext, started: float) -> None:
         with torch.no_grad():
             n_tokens = mask.sum().clamp(min=1)
-            clipped = ((ratio > 1 + self.preset.train.clip_eps_high) & (advantages > 0)) | (
-                (ratio < 1 - self.preset.train.clip_eps_low) & (advantages < 0))
+            ratio = torch.exp(stats.logp.detach() - stats.old_logp)  # 1 with one optimizer step per batch
+            clipped = ((ratio > 1 + ctx.clip_eps_high) & (advantages > 0)) | (
+                (ratio < 1 - ctx.clip_eps_low) & (advantages < 0))
             weighted = (result.weights != 0) & (mask > 0)
             self._log_train("clip_ratio/region_mean", float((clipped * mask).sum() / n_tokens))
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
                 self._log_train("entropy", float((stats.entropy * mask).sum() / n_tokens))
-            self.ledger.weighted_tokens += int(weighted.sum())
+            if ctx.beta > 0:
+                log_ratio_ref = stats.ref_logp - stats.logp.detach()
+                kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+                self._log_train("kl", float((kl * mask).sum() / n_tokens))
+            self.step_ledger.weighted_tokens += int(weighted.sum())
             for name, value in result.metrics.items():
                 self._log_train(f"method/{name}", float(value))
             self._log_train("time/loss_s", time.perf_counter() - started)
@@ -420,12 +522,7 @@ class BudgetCallback(TrainerCallback):
         trainer, ledger = self.trainer, self.trainer.ledger
         trainer.clock.stop("step", self._step_started)
         seconds = trainer.clock.collect()
-        step_total = seconds.pop("step", 0.0)
-        ledger.steps += 1
-        ledger.step_seconds += step_total
-        ledger.seconds["generation"] += seconds.get("generation", 0.0)
-        ledger.seconds["reference"] += seconds.get("reference", 0.0)
-        ledger.seconds["train"] += step_total - seconds.get("generation", 0.0) - seconds.get("reference", 0.0)
+        trainer.close_step_accounting(seconds, seconds.pop("step", 0.0))
         budget = trainer.preset.train.budget
         spent = ledger.spent(budget.kind)
         for fraction, directory in self.checkpoint_dirs.items():
@@ -437,14 +534,21 @@ class BudgetCallback(TrainerCallback):
             control.should_training_stop = True
 
     def _save_model(self, model, directory: Path) -> None:
+        """Every process takes part in gathering the full weights (ZeRO-3 and FSDP shard them); the main process
+        writes them; the others wait until the folder exists."""
         from harness.models import save_policy
 
-        staging = directory.with_name(directory.name + ".partial")
-        save_policy(model, self.trainer.processing_class, staging)
-        staging.rename(directory)
+        trainer = self.trainer
+        accelerator = trainer.accelerator
+        state_dict = accelerator.get_state_dict(trainer.deepspeed if trainer.is_deepspeed_enabled else model)
+        if accelerator.is_main_process:
+            staging = directory.with_name(directory.name + ".partial")
+            save_policy(accelerator.unwrap_model(model), trainer.processing_class, staging, state_dict)
+            staging.rename(directory)
+        accelerator.wait_for_everyone()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs:
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
             return
         record = {"step": state.global_step, **self.trainer.ledger.summary()}
         record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()})

@@ -102,7 +102,8 @@ class TokenStats:
 class StepContext:
     """What a method may know about the step besides the batch.
 
-    progress: budget spent in [0, 1] (drives schedules); step: optimizer step; seed: run seed.
+    progress: share of the budget spent before this step, in [0, 1] (drives schedules; the same on every process
+    of a distributed run); step: optimizer step; seed: run seed.
     aggregation: the baseline's loss aggregation (one of AGGREGATIONS); max_completion_length for Dr.GRPO.
     """
 

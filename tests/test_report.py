@@ -257,3 +257,13 @@ def test_report_modules_never_import_the_trainer_or_trl():
     stats_imports = ast.parse((REPO / "harness" / "stats.py").read_text())
     assert not [n for n in ast.walk(stats_imports) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
         "harness")]
+
+
+def test_sweep_without_a_uniform_label_says_there_is_no_baseline(tmp_path):
+    # e.g. published-checkpoints: released models only; the note must not speak of differences to "None"
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
+    evidence = report.read_sweep(resolved, paths)
+    evidence.labels = [label for label in evidence.labels if evidence.method_name(label) != "uniform"]
+    assert evidence.baseline is None
+    note = report.protocol_note(evidence, resolved, 200)
+    assert "no baseline" in note and "None" not in note

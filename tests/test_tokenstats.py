@@ -44,3 +44,49 @@ def test_unknown_statistic_is_rejected():
     with pytest.raises(ValueError, match="allowed"):
         token_statistics(torch.zeros(1, 1, 2), torch.nn.Linear(2, 3), torch.zeros(1, 1, dtype=torch.long),
                          ("perplexity",))
+
+
+def full_logits_statistics(model, input_ids, attention_mask, width, temperature):
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -width - 1:-1]
+    return naive_from_logits(logits, input_ids[:, -width:], temperature)
+
+
+def naive_from_logits(logits, targets, temperature):
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    p = logp_all.exp()
+    return {"logp": logp_all.gather(-1, targets[..., None]).squeeze(-1), "entropy": -(p * logp_all).sum(-1),
+            "sum_p2": (p * p).sum(-1)}
+
+
+@pytest.mark.parametrize("chunk_size", [3, 256])
+def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, chunk_size):
+    from harness.models import load_policy
+    from harness.tokenstats import model_token_statistics
+
+    model, _ = load_policy(tiny_model_dir)
+    head = model.get_output_embeddings()
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, 30, (3, 9), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0  # a left-padded prompt
+    ours = model_token_statistics(model, input_ids, attention_mask, 5, ("entropy", "sum_p2"), 0.8, chunk_size)
+    assert model.get_output_embeddings() is head  # the LM head is put back
+    reference = full_logits_statistics(model, input_ids, attention_mask, 5, 0.8)
+    for name in ("logp", "entropy", "sum_p2"):
+        torch.testing.assert_close(ours[name], reference[name].detach() if name != "logp" else reference[name])
+    assert not ours["entropy"].requires_grad
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ours["logp"].sum(), params)
+    expected = torch.autograd.grad(reference["logp"].sum(), params)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_models_that_transform_logits_after_the_head_are_refused(tiny_model_dir):
+    from harness.models import load_policy
+    from harness.tokenstats import model_token_statistics
+
+    model, _ = load_policy(tiny_model_dir)
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        model_token_statistics(model, torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4), 2, ())

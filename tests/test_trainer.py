@@ -126,6 +126,22 @@ def test_kl_term_uses_a_frozen_reference(tiny_model_dir, tmp_path):
     torch.testing.assert_close(with_kl, trainer._compute_loss(model, inputs))
 
 
+def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
+    # GRPOTrainer patches model.forward with a closure over the policy; a plain deep copy would score with the policy
+    trainer, model = make_trainer(tiny_model_dir, tmp_path, beta=0.1)
+    inputs = loss_inputs(trainer)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        policy = trainer._chunked_statistics(model, inputs, (), "train", False)["logp"]
+        reference = trainer._chunked_statistics(trainer.ref_policy, inputs, (), "reference", False)["logp"]
+        fresh, _ = load_policy(tiny_model_dir)
+        expected = trainer._chunked_statistics(fresh, inputs, (), "reference", False)["logp"]
+    mask = inputs["completion_mask"].bool()
+    assert not torch.allclose(policy[mask], reference[mask])
+    torch.testing.assert_close(reference[mask], expected[mask])
+
+
 
 def test_activation_checkpointing_follows_the_preset(tmp_path):
     # TRL turns it on by default (GPU memory at long lengths); the tiny preset turns it off to save CPU time
@@ -134,3 +150,26 @@ def test_activation_checkpointing_follows_the_preset(tmp_path):
     assert grpo_config(PresetConfig(name="test"), tmp_path, seed=0).activation_checkpointing is True
     tiny = resolve(REPO_ROOT / "configs/sweeps/default.yaml").preset
     assert grpo_config(tiny, tmp_path, seed=0).activation_checkpointing is False
+
+
+@pytest.mark.parametrize("method, beta", [("entropy", 0.0), ("uniform", 0.1), ("gmts", 0.0)])
+@pytest.mark.parametrize("chunk_rows", [1, 3])
+def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir, tmp_path, method, beta, chunk_rows):
+    # the method still ranks tokens over the whole batch: entropy's top 20% is batch-wide, not per chunk
+    def loss_and_grads(**overrides):
+        trainer, model = make_trainer(tiny_model_dir, tmp_path, method=method, beta=beta, **overrides)
+        with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        model.zero_grad()
+        loss = trainer._compute_loss(model, loss_inputs(trainer, seed=2))
+        trainer.accelerator.backward(loss)  # what Trainer.training_step does with the returned loss
+        return loss.detach(), grads(model), trainer.step_ledger
+
+    whole_loss, whole_grads, whole_ledger = loss_and_grads()
+    chunked_loss, chunked_grads, chunked_ledger = loss_and_grads(backward_chunk_rows=chunk_rows)
+    torch.testing.assert_close(chunked_loss, whole_loss, rtol=1e-5, atol=1e-7)
+    for a, b in zip(chunked_grads, whole_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the extra no-grad forward is counted: one forward more than the single backward's x3
+    assert chunked_ledger.flops["train"] > whole_ledger.flops["train"]
