@@ -321,11 +321,11 @@ class TargetedGRPOTrainer(GRPOTrainer):
         inverse = torch.argsort(torch.cat(order))
         return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
 
-    def _token_stats(self, model, inputs: dict, backward: bool = True) -> TokenStats:
+    def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True) -> TokenStats:
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
         stats = self._chunked_statistics(model, inputs, extras, "train", backward)
         ref_logp = None
-        if self.ref_policy is not None:
+        if reference and self.ref_policy is not None:
             started = self.clock.start()
             with torch.no_grad():
                 ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False)["logp"]
@@ -333,21 +333,28 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
                           sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
 
-    def _policy_loss(self, logp, ref_logp, advantages, kl_weights, weights, denominator,
-                     ctx: StepContext) -> torch.Tensor:
-        """sum(weights * clipped surrogate) / denominator, plus beta x the k3 KL over every completion token."""
+    def _policy_loss(self, logp, ref_logp, advantages, mask, kl_weights, weights, denominator,
+                     ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """sum(weights * clipped surrogate) / denominator, plus beta x the k3 KL over every completion token;
+        and the KL summed over the ``mask`` tokens, for the log."""
         ratio = torch.exp(logp - logp.detach())  # one optimizer step per generation batch: pi_old = pi_theta
         # l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
         unclipped = ratio * advantages
         clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high) * advantages
         loss = (weights * -torch.minimum(unclipped, clipped)).sum() / denominator
+        kl_sum = torch.zeros((), device=logp.device)
         if ctx.beta > 0:
             # k3 estimator of KL(pi_theta || pi_ref), over every completion token (not the method's selection)
             log_ratio_ref = ref_logp - logp
             kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
             base_weights, base_denominator = kl_weights
             loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
-        return loss
+            kl_sum = (kl.detach() * mask).sum()
+        return loss, kl_sum
+
+    def _log_kl(self, kl_sum: torch.Tensor, mask: torch.Tensor, ctx: StepContext) -> None:
+        if ctx.beta > 0:
+            self._log_train("kl", float(kl_sum / mask.sum().clamp(min=1)))
 
     def _compute_loss(self, model, inputs):
         started = time.perf_counter()
@@ -360,9 +367,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
         kl_weights = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
-        loss = self._policy_loss(stats.logp, stats.ref_logp, batch.advantages, kl_weights, result.weights,
-                                 result.denominator, ctx)
+        loss, kl_sum = self._policy_loss(stats.logp, stats.ref_logp, batch.advantages, mask, kl_weights,
+                                         result.weights, result.denominator, ctx)
         self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
+        self._log_kl(kl_sum, mask, ctx)
         if not torch.isfinite(loss.detach()):
             return self._skip_nonfinite_step(model, loss)
         return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
@@ -372,24 +380,28 @@ class TargetedGRPOTrainer(GRPOTrainer):
         """The same loss and gradient with activations of only ``chunk_rows`` rows alive at a time: a no-grad
         forward over the whole batch gives the method its statistics and the token weights; then each row chunk
         runs forward + backward with its share of the loss (gradients accumulate, synchronised across processes
-        only in the last backward, which the Trainer runs on the returned loss). Costs one more forward."""
+        only in the last backward, which the Trainer runs on the returned loss). Costs one more forward. The
+        reference forward of the KL term runs per chunk, on the same shape as the policy's (a method that reads
+        ref_logp in its weights gets it from the no-grad pass as well)."""
         with torch.no_grad():
-            stats = self._token_stats(model, inputs, backward=False)
+            stats = self._token_stats(model, inputs, backward=False, reference="ref_logp" in self.method.needs)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
         self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
         base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
         weights = result.weights.detach()
         chunks = list(self._row_chunks(inputs, chunk_rows))
-        done = torch.zeros((), device=mask.device)
+        done, kl_sum = torch.zeros((), device=mask.device), torch.zeros((), device=mask.device)
         for index, chunk in enumerate(chunks):
             rows, width = chunk[0], chunk[3]
             logp = self._chunk_statistics(model, chunk, (), "train", backward=True)["logp"]
-            ref_logp = None if stats.ref_logp is None else stats.ref_logp[rows, :width]
-            loss = self._policy_loss(logp, ref_logp, batch.advantages[rows, :width],
-                                     (base_weights[rows, :width], base_denominator), weights[rows, :width],
-                                     result.denominator, ctx)
+            ref_logp = self._chunk_reference_logp(chunk) if ctx.beta > 0 else None
+            loss, chunk_kl = self._policy_loss(logp, ref_logp, batch.advantages[rows, :width], mask[rows, :width],
+                                               (base_weights[rows, :width], base_denominator),
+                                               weights[rows, :width], result.denominator, ctx)
+            kl_sum = kl_sum + chunk_kl
             if index == len(chunks) - 1:
+                self._log_kl(kl_sum, mask, ctx)
                 total = loss + done  # the value of the whole loss; the gradient of the last chunk
                 if not torch.isfinite(total.detach()):
                     return self._skip_nonfinite_step(model, total)
@@ -397,6 +409,13 @@ class TargetedGRPOTrainer(GRPOTrainer):
             with self._gradients_accumulate(model):
                 self.accelerator.backward(loss)
             done = done + loss.detach()
+
+    def _chunk_reference_logp(self, chunk) -> torch.Tensor:
+        started = self.clock.start()
+        with torch.no_grad():
+            ref_logp = self._chunk_statistics(self.ref_policy, chunk, (), "reference", backward=False)["logp"]
+        self.clock.stop("reference", started)
+        return ref_logp
 
     @contextmanager
     def _gradients_accumulate(self, model):
@@ -495,10 +514,6 @@ class TargetedGRPOTrainer(GRPOTrainer):
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
                 self._log_train("entropy", float((stats.entropy * mask).sum() / n_tokens))
-            if ctx.beta > 0:
-                log_ratio_ref = stats.ref_logp - stats.logp.detach()
-                kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
-                self._log_train("kl", float((kl * mask).sum() / n_tokens))
             self.step_ledger.weighted_tokens += int(weighted.sum())
             for name, value in result.metrics.items():
                 self._log_train(f"method/{name}", float(value))

@@ -1,13 +1,19 @@
 """Two training processes (DDP over gloo on CPU, launched by torchrun as accelerate launch would on GPUs): the
-budget is counted over both, both stop at the same step, and each file is written once."""
+budget is counted over both, both stop at the same step, each file is written once, and the row-chunked backward
+(gradients accumulated without synchronisation until the last chunk) gives the same gradients as one backward."""
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
+from transformers import AutoModelForCausalLM
+
+from harness.paths import SweepPaths
 
 
 def free_port() -> int:
@@ -16,21 +22,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_process_run(tiny_sweep, tmp_path_factory):
+def train_two_processes(tiny_sweep, root, backward_chunk_rows: int):
     overrides, paths = tiny_sweep
+    mine = SweepPaths(root / "tiny")  # a copy of the shared sweep's data and warm start, so each run has its own folder
+    shutil.copytree(paths.data_dir, mine.data_dir)
+    shutil.copytree(paths.warmstart_dir.parent, mine.warmstart_dir.parent)
     # 2 prompts x 4 rollouts per step over 2 processes: 4 rollouts each. A samples budget of 3 global steps; a
-    # process that counted only its own rollouts would run 6 steps
-    settings = [*overrides, "train.budget.kind=samples", "train.budget.amount=24",
-                "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1"]
-    sweep = tmp_path_factory.mktemp("ddp") / "sweep.yaml"
+    # process that counted only its own rollouts would run 6 steps. Weight decay moves the policy off the reference
+    # in step 1, so the KL term has a gradient from step 2 on even if every reward of the short warm start is 0.
+    settings = [*overrides, f"results_dir={root}", "train.budget.kind=samples", "train.budget.amount=24",
+                "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1", "train.weight_decay=0.1",
+                "train.beta=0.1", "train.learning_rate=1e-3", f"train.backward_chunk_rows={backward_chunk_rows}"]
+    sweep = root / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny"}))
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "harness.cli", "train",
                "--sweep", str(sweep), "--method", "entropy", "--seed", "0", *[f"--set={o}" for o in settings]]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return paths.run_dir("entropy", 0), done, paths
+    return mine.run_dir("entropy", 0), done, mine
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tiny_sweep, tmp_path_factory):
+    return train_two_processes(tiny_sweep, tmp_path_factory.mktemp("ddp"), backward_chunk_rows=0)
+
+
+@pytest.fixture(scope="module")
+def two_process_chunked_run(tiny_sweep, tmp_path_factory):
+    return train_two_processes(tiny_sweep, tmp_path_factory.mktemp("ddp_chunked"), backward_chunk_rows=2)
+
+
+def weights(folder):
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
 
 def test_budget_counts_every_process_and_both_stop_together(two_process_run):
@@ -40,6 +64,8 @@ def test_budget_counts_every_process_and_both_stop_together(two_process_run):
     assert record["budget"]["spent_steps"] == 3 and record["budget"]["spent"] == 24
     assert record["counters"]["rollouts_generated"] == 24
     assert record["budget"]["checkpoints"] == {"ckpt-050": 2, "ckpt-100": 3}
+    ledger = json.loads((run_dir / "trl" / "checkpoint-3" / "harness_budget.json").read_text())["ledger"]
+    assert ledger["samples"] == 24 and ledger["steps"] == 3
 
 
 def test_each_file_is_written_once(two_process_run):
@@ -52,15 +78,22 @@ def test_each_file_is_written_once(two_process_run):
 
 
 def test_budget_checkpoint_holds_the_trained_weights(two_process_run):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     run_dir, _, paths = two_process_run
-    saved = AutoModelForCausalLM.from_pretrained(run_dir / "ckpt-100").state_dict()
-    trainer_checkpoint = AutoModelForCausalLM.from_pretrained(run_dir / "trl" / "checkpoint-3").state_dict()
-    warm_start = AutoModelForCausalLM.from_pretrained(paths.warmstart_dir).state_dict()
+    saved, trainer_checkpoint = weights(run_dir / "ckpt-100"), weights(run_dir / "trl" / "checkpoint-3")
     assert saved.keys() == trainer_checkpoint.keys()
     assert all(torch.equal(saved[k], trainer_checkpoint[k]) for k in saved)
+    warm_start = weights(paths.warmstart_dir)
     assert not all(torch.equal(saved[k], warm_start[k]) for k in saved)
-    ledger = json.loads((run_dir / "trl" / "checkpoint-3" / "harness_budget.json").read_text())["ledger"]
-    assert ledger["samples"] == 24 and ledger["steps"] == 3
+
+
+def test_row_chunked_backward_gives_the_same_synchronised_gradients(two_process_run, two_process_chunked_run):
+    # grad_norm is taken after the all-reduce: a chunk left unsynchronised would change it by far more than float
+    # noise. (Weights are not compared elementwise: Adam turns float noise in near-zero gradients into lr-sized steps.)
+    def logged(run):
+        lines = (run[0] / "metrics.jsonl").read_text().splitlines()
+        return [(r["grad_norm"], r["loss"], r["kl"]) for r in map(json.loads, lines)]
+
+    whole, chunked = logged(two_process_run), logged(two_process_chunked_run)
+    assert len(whole) == len(chunked) == 3 and whole[-1][0] > 1e-3  # the last step has a real gradient
+    for a, b in zip(chunked, whole, strict=True):
+        assert a == pytest.approx(b, rel=1e-3, abs=1e-9)
