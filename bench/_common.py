@@ -146,6 +146,7 @@ def verdict(met: bool | None) -> str:
 def write_result(name: str, record: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
+    record.setdefault("load_average_end", os.getloadavg())  # the machine is shared: how busy it was at the end
     tmp = path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
     tmp.replace(path)
@@ -154,9 +155,9 @@ def write_result(name: str, record: dict) -> Path:
 
 SUMMARY_HEADER = """# Benchmarks
 
-Written by the `bench/` scripts (see `bench/README.md`); each script replaces only its own section.
-Ratios are medians of per-pair ratios of interleaved runs: `median [interquartile range] (90% bootstrap interval of
-the median)`.
+Written by the `bench/` scripts (see `bench/README.md` for the method, targets and findings); each script replaces
+only its own section. Ratios are medians of per-pair ratios of interleaved runs:
+`median [interquartile range] (90% bootstrap interval of the median)`.
 """
 
 
@@ -208,6 +209,16 @@ def current_rss_bytes() -> int | None:
 def hwm_bytes() -> int | None:
     """VmHWM: the peak RSS since the process started or since the last ``reset_peak_rss``."""
     return _status_field("VmHWM")
+
+
+def child_env() -> dict:
+    """Environment of a memory-measuring subprocess: glibc's malloc with a fixed mmap threshold (64 kB) returns
+    every freed block of 64 kB or more to the OS at once, so the resident set follows the live tensors. (By default
+    the threshold grows after the first large free, freed memory then stays resident and a pre-run baseline
+    overstates what is in use.)"""
+    import os
+
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 def reset_peak_rss() -> bool:

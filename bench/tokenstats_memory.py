@@ -31,6 +31,7 @@ import time
 
 from _common import (
     Timer,
+    child_env,
     current_rss_bytes,
     environment,
     hwm_bytes,
@@ -100,7 +101,7 @@ def run_child(variant: str, length: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--rows",
            str(args.rows), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk", str(args.chunk),
            "--threads", str(args.threads), "--trl-vocab-chunk", str(args.trl_vocab_chunk)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=child_env())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

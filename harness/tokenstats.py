@@ -3,8 +3,11 @@
 logp, entropy and sum_p2 need the softmax over the whole vocabulary at every completion position. Materialising
 (B, T, V) float32 logits is the memory trap (V = 152k for Qwen: 0.6 MB per position). Instead the LM head is
 applied to ``chunk_size`` positions at a time; the chunk's logits are reduced to the statistics and discarded.
-With more than one chunk, each chunk runs under activation checkpointing so that backward recomputes its logits
-instead of keeping them: peak memory grows with chunk_size x V, not with B x T x V.
+With grad, each chunk runs under activation checkpointing so that backward recomputes its logits instead of keeping
+them: peak memory grows with chunk_size x V, not with B x T x V. This holds for a single chunk too: the trainer runs
+several row chunks before one backward, and a kept (T x V) block per row chunk would add up (measured: 8 one-row
+chunks of 256 positions kept 2.3x the activations of one checkpointed chunk, bench/nat_savings.py). The price is
+one more LM-head matmul per position in backward.
 
 Where the chunks run: for the duration of one call the model's LM head is swapped for ``StatisticsHead``, which
 calls the original head module chunk by chunk and returns the statistics in place of logits. So the model (and
@@ -55,12 +58,11 @@ def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
     extras = _ordered(extras)
     B, T, H = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)
-    n_chunks = max(1, -(-B * T // chunk_size))
     pieces = []
     for start in range(0, B * T, chunk_size):
         args = (flat_hidden[start:start + chunk_size], lm_head, flat_targets[start:start + chunk_size], temperature,
                 extras)
-        use_checkpoint = n_chunks > 1 and torch.is_grad_enabled() and flat_hidden.requires_grad
+        use_checkpoint = torch.is_grad_enabled() and flat_hidden.requires_grad
         pieces.append(checkpoint(_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
                       else _chunk_statistics(*args))
     names = ("logp", *extras)
