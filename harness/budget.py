@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -154,24 +154,24 @@ class BudgetLedger:
         return asdict(self)
 
     def counters(self) -> list[float]:
-        """Every additive quantity in a fixed order: what the processes of a distributed run sum up."""
-        return [float(self.steps), float(self.samples), float(self.generated_tokens), float(self.prompt_tokens),
-                float(self.forwarded_positions), float(self.trained_positions), float(self.weighted_tokens),
-                *(self.flops[p] for p in PHASES), *(self.seconds[p] for p in PHASES), self.step_seconds]
+        """Every additive quantity, in field order (per-phase dicts in PHASES order): what the processes of a
+        distributed run sum up."""
+        out: list[float] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out += [value[p] for p in PHASES] if isinstance(value, dict) else [float(value)]
+        return out
 
     def add_counters(self, values: list[float]) -> None:
-        (steps, samples, generated, prompt, forwarded, trained, weighted), rest = values[:7], values[7:]
-        self.steps += round(steps)
-        self.samples += round(samples)
-        self.generated_tokens += round(generated)
-        self.prompt_tokens += round(prompt)
-        self.forwarded_positions += round(forwarded)
-        self.trained_positions += round(trained)
-        self.weighted_tokens += round(weighted)
-        for i, phase in enumerate(PHASES):
-            self.flops[phase] += rest[i]
-            self.seconds[phase] += rest[len(PHASES) + i]
-        self.step_seconds += rest[2 * len(PHASES)]
+        """Adds a ``counters()`` list (of this or another ledger, e.g. summed over processes)."""
+        rest = iter(values)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                for phase in PHASES:
+                    value[phase] += next(rest)
+            else:  # integer counters stay integers
+                setattr(self, f.name, value + (round(next(rest)) if isinstance(value, int) else next(rest)))
 
     @classmethod
     def from_dict(cls, data: dict) -> BudgetLedger:

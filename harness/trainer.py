@@ -297,7 +297,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
             yield rows, input_ids, attention_mask, completion_width
 
     def _chunk_statistics(self, model, chunk, extras: tuple[str, ...], phase: str, backward: bool) -> dict:
-        """Statistics of one row chunk, padded to the batch's T; its FLOPs go to ``phase`` (x3 with backward)."""
+        """Statistics (rows, width) of one row chunk; its FLOPs go to ``phase`` (x3 when a backward follows)."""
         rows, input_ids, attention_mask, width = chunk
         train = self.preset.train
         stats = model_token_statistics(model, input_ids, attention_mask, width, extras, train.temperature,
@@ -305,8 +305,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         flops = padded_forward_flops(self.model_shape, len(rows), input_ids.shape[1], width)
         self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
         self.step_ledger.forwarded_positions += input_ids.numel()
-        if phase == "train":
-            self.step_ledger.trained_positions += input_ids.numel() if backward else 0
+        if backward:
+            self.step_ledger.trained_positions += input_ids.numel()
         return stats
 
     def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str,

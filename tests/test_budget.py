@@ -138,3 +138,16 @@ def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
     assert last_complete_checkpoint(tmp_path, "this") == str(tmp_path / "checkpoint-4")
     assert not (tmp_path / "checkpoint-6").exists() and not (tmp_path / "checkpoint-8").exists()
     assert last_complete_checkpoint(tmp_path / "absent", "this") is None
+
+
+def test_ledger_counters_round_trip_and_add():
+    from harness.budget import BudgetLedger
+
+    a = BudgetLedger(steps=2, samples=16, generated_tokens=300, weighted_tokens=40, step_seconds=1.5)
+    a.flops["train"], a.seconds["generation"] = 3e9, 0.25
+    total = BudgetLedger()
+    total.add_counters([x + y for x, y in zip(a.counters(), a.counters(), strict=True)])  # two processes
+    assert total.to_dict() == {**a.to_dict(), "steps": 4, "samples": 32, "generated_tokens": 600,
+                               "weighted_tokens": 80, "step_seconds": 3.0,
+                               "flops": {**a.flops, "train": 6e9}, "seconds": {**a.seconds, "generation": 0.5}}
+    assert isinstance(total.samples, int)
