@@ -12,9 +12,9 @@ import json
 import re
 from pathlib import Path
 
-from harness.config import resolve, load_method
-from harness.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
-from harness.resources import released_checkpoints, rule_resources, train_command
+from harness.config.schema import resolve, load_method
+from harness.config.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
+from harness.ops.resources import released_checkpoints, rule_resources, train_command
 
 
 configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
@@ -59,7 +59,7 @@ wildcard_constraints:
     ckpt=r"ckpt-\d{3}",
 
 
-# Cluster resources per rule, from the preset's `resources` section (harness/resources.py); the SLURM profile
+# Cluster resources per rule, from the preset's `resources` section (harness/ops/resources.py); the SLURM profile
 # (profiles/slurm) only sets executor options. Locally only `gpu` counts, and only with --resources gpu=N.
 RES = rule_resources(PRESET)
 # Eval-only labels: their method config names a released `checkpoint`; the fetch rule writes their run.json.
@@ -134,7 +134,7 @@ rule train:
         **RES["train"],
     shell:
         # `harness train`, or `accelerate launch ... -m harness.cli train` (train.launcher), optionally beside a
-        # vLLM server (train.vllm_mode=server): harness.resources.train_command
+        # vLLM server (train.vllm_mode=server): harness.ops.resources.train_command
         train_command(PRESET, HARNESS.removeprefix("harness ").format(cmd="train")
                       + " --method {wildcards.method} --seed {wildcards.seed}", PATHS.warmstart_dir)
 
@@ -142,7 +142,7 @@ rule train:
 if RELEASED:
 
     rule fetch:
-        # an eval-only label: its released checkpoint becomes the run's ckpt-100 and run.json (harness/external.py)
+        # an eval-only label: its released checkpoint becomes the run's ckpt-100 and run.json (harness/ops/fetch.py)
         output:
             f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json",
         log:

@@ -63,7 +63,7 @@ def environment() -> dict:
     """Versions, hardware, date, and how busy the machine was (this machine is shared with a sweep)."""
     import torch
 
-    from harness.provenance import package_versions
+    from harness.config.provenance import package_versions
 
     return {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -234,9 +234,9 @@ def reset_peak_rss() -> bool:
 
 def tiny_sweep(workdir: Path, warmstart_steps: int = 300, n_train: int = 4000, overrides: list[str] | None = None):
     """(Resolved, SweepPaths) of a tiny preset sweep in ``workdir``, data and warm start built once and reused."""
-    from harness.config import resolve
-    from harness.paths import SweepPaths
-    from harness.train import prepare_data, warmstart
+    from harness.config.paths import SweepPaths
+    from harness.config.schema import resolve
+    from harness.train.run import prepare_data, warmstart
 
     root = Path(workdir) / f"tiny-ws{warmstart_steps}-n{n_train}"
     base = [f"results_dir={root.parent}", f"data.synthetic.n_train={n_train}", "data.synthetic.n_eval=8",
@@ -259,9 +259,9 @@ SMOL_WARMSTART = REPO / "results" / "smol" / "warmstart" / "model"
 def smol_sweep(workdir: Path, overrides: list[str] | None = None):
     """(Resolved, SweepPaths) of the smol preset with its data in ``workdir``; the model is the converted GGUF in
     results/smol/warmstart/model (built by ``harness warmstart --sweep configs/sweeps/smol.yaml`` when missing)."""
-    from harness.config import resolve
-    from harness.paths import SweepPaths
-    from harness.train import prepare_data
+    from harness.config.paths import SweepPaths
+    from harness.config.schema import resolve
+    from harness.train.run import prepare_data
 
     root = Path(workdir) / "smol"
     resolved = resolve({"name": root.name, "preset": "smol"}, [f"results_dir={root.parent}", *(overrides or [])])
@@ -289,8 +289,8 @@ def training_dataset(resolved, paths, tokenizer, seed: int = 0):
     """The prompts exactly as run_training renders them (shuffled by seed)."""
     from datasets import Dataset
 
-    from harness.prompts import render_prompt
-    from harness.train import training_rows
+    from harness.data.prompts import render_prompt
+    from harness.train.run import training_rows
 
     rows = training_rows(resolved, paths, seed)
     template = resolved.preset.prompt_template

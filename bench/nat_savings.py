@@ -79,8 +79,8 @@ def ensure_batch(resolved, paths, workdir: Path, length: int) -> Path:
     """Sample (once) one training step of the smol preset with ``max_completion_length = length``."""
     import torch
 
-    from harness.models import load_policy
-    from harness.trainer import grpo_config, reward_function
+    from harness.model.policy import load_policy
+    from harness.train.adapter import grpo_config, reward_function
 
     path = batch_path(workdir, length, resolved.preset.name)
     if path.is_file():
@@ -114,9 +114,9 @@ class Harness:
     def __init__(self, resolved, paths, workdir: Path, chunk_rows: int, checkpointing: str = "on"):
         import torch
 
-        from harness.config import load_method
-        from harness.models import load_policy
-        from harness.trainer import TargetedGRPOTrainer, grpo_config, reward_function
+        from harness.config.schema import load_method
+        from harness.model.policy import load_policy
+        from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
         from methods.registry import get_method_class
 
         preset = copy.deepcopy(resolved.preset)
@@ -143,7 +143,7 @@ class Harness:
         self.checkpointing = checkpointing == "on" and bool(args.activation_checkpointing)
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
-        from harness.hooks import new_rollout_batch, prepare_batch
+        from harness.train.hooks import new_rollout_batch, prepare_batch
 
         trainer = self.trainer
         trainer.method = self.methods[variant]

@@ -40,8 +40,8 @@ from _common import (
 def setup(preset_name: str, args):
     import torch  # noqa: F401
 
-    from harness.models import load_policy
-    from harness.trainer import grpo_config
+    from harness.model.policy import load_policy
+    from harness.train.adapter import grpo_config
 
     if preset_name == "tiny":
         resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps)

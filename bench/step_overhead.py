@@ -1,7 +1,7 @@
 """Per-step time of the harness trainer against plain TRL, and of each method against the uniform baseline.
 
 Variants, all in one process, each its own trainer on its own copy of the warm-started model:
-- ``trl``: a plain ``trl.GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.trainer.grpo_config``
+- ``trl``: a plain ``trl.GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.train.adapter.grpo_config``
   (same generation settings, batch, optimizer), the same reward function and prompts;
 - ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: ``TargetedGRPOTrainer`` with the method
   config of configs/method/<label>.yaml and the ``BudgetCallback`` of a real run (budget never reached);
@@ -61,9 +61,9 @@ def build_trainer(variant: str, resolved, paths, workdir: Path, progress: float 
     import torch
     from trl import GRPOTrainer
 
-    from harness.config import load_method
-    from harness.models import load_policy
-    from harness.trainer import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.config.schema import load_method
+    from harness.model.policy import load_policy
+    from harness.train.adapter import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
     from methods.registry import get_method_class
 
     preset = copy.deepcopy(resolved.preset)

@@ -2,7 +2,8 @@
 
 Variants, for completion lengths T (default 256, 1024, 4096) with a realistic vocabulary (V = 49152 and hidden
 H = 576, SmolLM2-135M's LM head):
-- ``chunked``: ``harness.tokenstats.token_statistics(hidden, lm_head, targets, (), chunk_size=256)``, logp only
+- ``chunked``: ``harness.train.token_statistics.token_statistics(hidden, lm_head, targets, (), chunk_size=256)``,
+logp only
   (what the trainer asks for when a method needs no extra statistic), then ``logp.sum().backward()``;
 - ``chunked+entropy``: the same with ``extras=("entropy",)``, what every method pays in training (entropy is
   logged for every method);
@@ -49,7 +50,7 @@ MB = 1024 * 1024
 def child(args) -> None:
     import torch
 
-    from harness.tokenstats import token_statistics
+    from harness.train.token_statistics import token_statistics
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

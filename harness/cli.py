@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import CONFIG_DIR, ConfigError, Resolved, load_method, resolve
-from harness.paths import SweepPaths
+from harness.config.paths import CONFIG_DIR, SweepPaths
+from harness.config.schema import ConfigError, Resolved, load_method, resolve
 
 DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
 
@@ -29,7 +29,7 @@ def _resolve(args) -> tuple[Resolved, SweepPaths]:
 
 
 def cmd_data(args) -> None:
-    from harness.train import prepare_data
+    from harness.train.run import prepare_data
 
     resolved, paths = _resolve(args)
     files = prepare_data(resolved, paths)
@@ -37,7 +37,7 @@ def cmd_data(args) -> None:
 
 
 def cmd_warmstart(args) -> None:
-    from harness.train import warmstart
+    from harness.train.run import warmstart
 
     resolved, paths = _resolve(args)
     summary = warmstart(resolved, paths)
@@ -46,7 +46,7 @@ def cmd_warmstart(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from harness.train import run_training
+    from harness.train.run import run_training
 
     resolved, paths = _resolve(args)
     method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
@@ -58,7 +58,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_fetch(args) -> None:
-    from harness.external import fetch_checkpoint
+    from harness.ops.fetch import fetch_checkpoint
 
     resolved, paths = _resolve(args)
     spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
@@ -69,7 +69,7 @@ def cmd_fetch(args) -> None:
 def cmd_eval(args) -> None:
     import torch
 
-    from harness.evaluate import evaluate_benchmark
+    from harness.evaluation.driver import evaluate_benchmark
 
     resolved, paths = _resolve(args)
     torch.set_num_threads(resolved.preset.eval.threads)
@@ -93,7 +93,7 @@ def cmd_eval(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from harness.report import write_leaderboard
+    from harness.report.leaderboard import write_leaderboard
 
     resolved, paths = _resolve(args)
     written = write_leaderboard(resolved, paths)
@@ -101,21 +101,21 @@ def cmd_report(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from harness.resources import format_plan
+    from harness.ops.resources import format_plan
 
     resolved, _ = _resolve(args)
     print(format_plan(resolved))
 
 
 def cmd_inspect(args) -> None:
-    from harness.inspect import inspect_batch
+    from harness.ops.inspect_batch import inspect_batch
 
     inspect_batch(args.method, Path(args.batch), Path(args.out), args.overrides)
     print(f"wrote {args.out}")
 
 
 def cmd_new_method(args) -> None:
-    from harness.scaffold import scaffold_method
+    from harness.ops.scaffold import scaffold_method
 
     for path in scaffold_method(args.name):
         print(f"created {path}")

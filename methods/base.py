@@ -2,7 +2,7 @@
 
 A method is a small class whose defaults reproduce the uniform GRPO/DAPO baseline; it overrides only the hooks
 it changes. The harness calls the hooks in this order for every optimizer step (and `harness inspect` calls
-exactly the same driver, `harness.hooks.run_hooks`, on a batch file):
+exactly the same driver, `harness.train.hooks.run_hooks`, on a batch file):
 
 1. ``on_rollouts(batch, ctx)``     after rewards: may replace per-token advantages (KTAE) and set ``keep`` (D3S).
 2. rollouts with ``keep == 0`` are removed before any forward pass (a real saving, not a mask).

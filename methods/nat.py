@@ -122,7 +122,7 @@ class NAT(Method):
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
         if "nat_inclusion" not in batch.extras:
             raise ValueError("method 'nat' found no nat_* extras: run before_forward first "
-                             "(harness.hooks.prepare_batch does)")
+                             "(harness.train.hooks.prepare_batch does)")
         sample = batch.extras["nat_sample"]  # (B, T') after truncation
         inclusion = batch.extras["nat_inclusion"]
         # L_hat = (1 / D) sum (m / pi) w l, (w, D) of the untruncated completion

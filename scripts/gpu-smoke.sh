@@ -89,7 +89,7 @@ def mfu(flops, seconds):
 
 for method in ("uniform", "entropy"):
     records = [json.loads(line) for line in (out / "gpu-smoke" / "runs" / method / "seed0" / "metrics.jsonl").open()]
-    print(f"\n{method}: {len(records)} steps (analytic FLOPs of harness/budget.py over CUDA-event seconds)")
+    print(f"\n{method}: {len(records)} steps (analytic FLOPs of harness/train/budget.py over CUDA-event seconds)")
     print(f"  {'step':>4} {'step s':>7} {'gen s':>7} {'train s':>7} {'gen tok':>8} {'rollout tok/s':>13}")
     prev: dict = {}
     for rec in records:

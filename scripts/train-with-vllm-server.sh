@@ -2,7 +2,7 @@
 # TRL's vLLM server mode inside one train job (train.use_vllm=true, train.vllm_mode=server): the job's last
 # SERVER_GPUS GPUs run `trl vllm-serve` (tensor parallel over them), the other GPUs run the training command,
 # which reaches the server on free ports exported as HARNESS_VLLM_SERVER_PORT / HARNESS_VLLM_GROUP_PORT (read by
-# harness.trainer.vllm_settings). The Snakefile's train rule calls this (harness.resources.train_command):
+# harness.train.adapter.vllm_settings). The Snakefile's train rule calls this (harness.ops.resources.train_command):
 #
 #   train-with-vllm-server.sh MODEL_DIR SERVER_GPUS GPU_MEMORY_UTILIZATION MAX_MODEL_LEN SERVER_LOG -- COMMAND...
 #

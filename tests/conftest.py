@@ -10,8 +10,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from harness.config import ModelConfig
-    from harness.models import build_char_llama, build_char_tokenizer, save_policy
+    from harness.config.schema import ModelConfig
+    from harness.model.policy import build_char_llama, build_char_tokenizer, save_policy
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("tiny_model")
@@ -25,9 +25,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory):
     """A tiny preset sweep with its data and a 10-step warm start: (overrides, SweepPaths)."""
-    from harness.config import resolve
-    from harness.paths import SweepPaths
-    from harness.train import prepare_data, warmstart
+    from harness.config.paths import SweepPaths
+    from harness.config.schema import resolve
+    from harness.train.run import prepare_data, warmstart
 
     root = tmp_path_factory.mktemp("tiny_sweep")
     overrides = [f"results_dir={root}", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import (
+from harness.config.paths import SweepPaths, checkpoint_name
+from harness.config.schema import (
     BenchmarkConfig,
     BudgetConfig,
     EvalConfig,
@@ -21,7 +22,6 @@ from harness.config import (
     TrainConfig,
     dump_yaml,
 )
-from harness.paths import SweepPaths, checkpoint_name
 
 LABELS = {"uniform": ("uniform", 0, 0.3), "uniform-aa": ("uniform", 100, 0.3), "entropy": ("entropy", 0, 2.5)}
 BENCHES = {"arith": 40, "arith_ood": 30}

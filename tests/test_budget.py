@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from harness.budget import BudgetLedger, ModelShape, causal_pairs, forward_flops, generation_flops
-from harness.config import load_method, resolve
-from harness.train import run_training
+from harness.config.schema import load_method, resolve
+from harness.train.budget import BudgetLedger, ModelShape, causal_pairs, forward_flops, generation_flops
+from harness.train.run import run_training
 
 
 def tiny_llama(tie: bool = False) -> LlamaForCausalLM:
@@ -81,7 +81,7 @@ def test_steps_budget_is_exact(tiny_sweep):
 
 
 def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tiny_sweep, monkeypatch):
-    from harness import trainer as trainer_module
+    from harness.train import adapter as trainer_module
 
     settings = ("train.budget.amount=4", "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1")
     full, paths = train(tiny_sweep, "uniform", *settings)
@@ -126,8 +126,8 @@ def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tin
 
 
 def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
-    from harness.train import last_complete_checkpoint
-    from harness.trainer import LEDGER_FILE
+    from harness.train.adapter import LEDGER_FILE
+    from harness.train.run import last_complete_checkpoint
 
     for step, key in ((2, "this"), (4, "this"), (6, None), (8, "other")):
         folder = tmp_path / f"checkpoint-{step}"
@@ -141,7 +141,7 @@ def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
 
 
 def test_ledger_counters_round_trip_and_add():
-    from harness.budget import BudgetLedger
+    from harness.train.budget import BudgetLedger
 
     a = BudgetLedger(steps=2, samples=16, generated_tokens=300, weighted_tokens=40, step_seconds=1.5)
     a.flops["train"], a.seconds["generation"] = 3e9, 0.25

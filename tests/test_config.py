@@ -2,7 +2,8 @@
 
 import pytest
 
-from harness.config import REPO_ROOT, ConfigError, load_method, resolve
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import ConfigError, load_method, resolve
 
 DEFAULT = REPO_ROOT / "configs" / "sweeps" / "default.yaml"
 

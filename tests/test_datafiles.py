@@ -1,4 +1,4 @@
-"""harness/datafiles.py: checksums against SHA256SUMS, strict JSONL, atomic writes; the shipped data verifies."""
+"""harness/data/files.py: checksums against SHA256SUMS, strict JSONL, atomic writes; the shipped data verifies."""
 
 import hashlib
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.datafiles import (
-    REPO_ROOT,
+from harness.config.paths import REPO_ROOT
+from harness.data.files import (
     DataFileError,
     read_jsonl,
     sha256_file,

@@ -13,7 +13,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from harness.paths import SweepPaths
+from harness.config.paths import SweepPaths
 
 
 def free_port() -> int:

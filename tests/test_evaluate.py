@@ -1,4 +1,4 @@
-"""harness/evaluate.py: metric functions against hand-computed values, and real lm-eval runs (hf backend, CPU)
+"""harness/evaluation/driver.py: metric functions against hand-computed values, and real lm-eval runs (hf backend, CPU)
 with tiny Llama models saved to tmp_path: a random one on every benchmark, and one trained to always answer 7
 on the synthetic arithmetic task, so the metrics are non-trivial."""
 
@@ -14,11 +14,12 @@ import yaml
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness import evaluate as ev
-from harness.config import BenchmarkConfig, EvalConfig
-from harness.datafiles import REPO_ROOT, DataFileError, read_jsonl
-from harness.evaluate import avg_at_k, majority_answer, majority_correct, pass_at_k, pass_levels, summarize
-from harness.prompts import render_prompt
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import BenchmarkConfig, EvalConfig
+from harness.data.files import DataFileError, read_jsonl
+from harness.data.prompts import render_prompt
+from harness.evaluation import driver as ev
+from harness.evaluation.driver import avg_at_k, majority_answer, majority_correct, pass_at_k, pass_levels, summarize
 
 BENCHMARKS = ["math500", "gsm8k", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench"]
 
@@ -239,7 +240,7 @@ def test_every_benchmark_runs_end_to_end(random_model, tmp_path, bench):
     docs = read_jsonl(out / "lm_eval" / "docs.jsonl", required=("prompt",))
     assert [d["prompt"] for d in docs] == [render_prompt("qwen_boxed", r["problem"]) for r in rows]
     task = yaml.safe_load((out / "lm_eval" / f"harness_{bench}__sampled.yaml").read_text())
-    assert task["include"].endswith(f"harness/tasks/{bench}.yaml") and task["repeats"] == 2
+    assert task["include"].endswith(f"harness/evaluation/tasks/{bench}.yaml") and task["repeats"] == 2
     assert not (out / "lm_eval" / ev.HF_CACHE).exists()
     # the k samples are independent draws, not one completion copied k times
     sampled = [s["completion"] for s in samples if s["mode"] == "sampled"]
@@ -269,7 +270,7 @@ def test_arith_with_a_model_that_always_answers_seven(answers_seven, tmp_path):
     assert 0.0 < results["metrics"]["avg@4"] <= 0.5
     assert results["stop_sequences"] == ["\nQ:"] and results["scorer"] == "numeric"
     task = yaml.safe_load((out / "lm_eval" / "harness_arith_ood__sampled.yaml").read_text())
-    assert task["include"].endswith("harness/tasks/_default_template_yaml")  # no variant for arith_ood
+    assert task["include"].endswith("harness/evaluation/tasks/_default_template_yaml")  # no variant for arith_ood
 
 
 def test_limit_and_no_greedy(answers_seven, tmp_path):
@@ -292,7 +293,8 @@ def test_checksum_is_verified_before_any_model_work(tmp_path):
 
 
 def test_task_yamls_work_standalone(monkeypatch):
-    """The variants are also plain lm-eval tasks (``lm-eval run --include_path harness/tasks``) from the repo root."""
+    """The variants are also plain lm-eval tasks (``lm-eval run --include_path harness/evaluation/tasks``) from the
+    repo root."""
     from lm_eval.tasks import TaskManager
 
     monkeypatch.chdir(REPO_ROOT)

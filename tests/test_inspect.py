@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.inspect import inspect_batch
+from harness.ops.inspect_batch import inspect_batch
 
 BATCH = {
     "completion_ids": [[5, 6, 7, 0], [5, 8, 0, 0], [9, 9, 9, 9], [4, 4, 0, 0]],

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.config import MethodSpec, resolve
-from harness.train import run_training
+from harness.config.schema import MethodSpec, resolve
+from harness.train.run import run_training
 from methods.base import Method, TokenWeights, aggregation_weights
 from methods.registry import register_method
 
@@ -43,7 +43,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tiny_sweep):
 
 
 def test_too_many_nonfinite_steps_stop_with_a_clear_message(tiny_sweep):
-    from harness.trainer import NonFiniteLossError
+    from harness.train.adapter import NonFiniteLossError
 
     with pytest.raises(NonFiniteLossError, match=r"test_nan_weights.*nan in 2 steps.*max_nonfinite_steps=1"):
         run(tiny_sweep, "train.budget.amount=4", "train.budget.checkpoint_fractions=[1.0]",
@@ -61,7 +61,7 @@ def test_same_seed_gives_identical_metrics_on_cpu(tiny_sweep):
     for _ in range(2):
         resolved = resolve({"name": "tiny", "preset": "tiny"}, [*overrides, "train.budget.amount=2",
                                                                  "train.budget.checkpoint_fractions=[1.0]"])
-        from harness.config import load_method
+        from harness.config.schema import load_method
 
         run_training(resolved, load_method("entropy"), 0, paths)
         lines = (paths.run_dir("entropy", 0) / "metrics.jsonl").read_text().splitlines()

@@ -25,7 +25,7 @@ pytestmark = [
 def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
     from playwright.sync_api import sync_playwright
 
-    from harness.report import write_leaderboard
+    from harness.report.leaderboard import write_leaderboard
 
     resolved, paths = build_sweep(tmp_path)
     write_leaderboard(resolved, paths, n_resamples=300)

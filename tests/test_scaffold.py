@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from harness.config import REPO_ROOT
-from harness.scaffold import scaffold_method
+from harness.config.paths import REPO_ROOT
+from harness.ops.scaffold import scaffold_method
 
 
 def test_scaffolded_method_registers_tests_green_and_inspects(tmp_path):

@@ -1,13 +1,14 @@
-"""harness/scoring.py: the numeric and math-verify scorers, their timeout, threads and hostile inputs."""
+"""harness/data/scoring.py: the numeric and math-verify scorers, their timeout, threads and hostile inputs."""
 
 import threading
 import time
 
 import pytest
 
-from harness import scoring
-from harness.datafiles import REPO_ROOT, read_jsonl
-from harness.scoring import Score, last_boxed, normalize_answer, score_batch, score_math_verify, score_numeric
+from harness.config.paths import REPO_ROOT
+from harness.data import scoring
+from harness.data.files import read_jsonl
+from harness.data.scoring import Score, last_boxed, normalize_answer, score_batch, score_math_verify, score_numeric
 
 TIMEOUT_S = 5.0
 

@@ -1,4 +1,5 @@
-"""harness.stats: intervals on constructed data against hand and analytic values, paired differences, probability
+"""harness.report.bootstrap: intervals on constructed data against hand and analytic values, paired differences,
+probability
 of improvement, IQM, ties and ranks, and the coverage of the intervals on simulated sweeps (the calibration)."""
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 from scipy import stats as scipy_stats
 from scipy.special import expit
 
-from harness import stats
+from harness.report import bootstrap as stats
 
 
 def plan_for(scores: dict[str, np.ndarray], n_resamples: int = 4000, seed: int = 0) -> stats.BootstrapPlan:

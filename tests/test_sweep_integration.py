@@ -109,7 +109,7 @@ def test_bad_config_stops_snakemake_before_any_job(tmp_path):
 
 def test_no_output_of_the_default_sweep_is_tracked_by_git():
     # a committed output makes snakemake on a fresh clone find its targets present and run nothing
-    from harness.config import resolve
+    from harness.config.schema import resolve
 
     results = resolve(REPO / "configs" / "sweeps" / "default.yaml").results_dir
     tracked = subprocess.run(["git", "ls-files", str(results)], cwd=REPO, capture_output=True, text=True)

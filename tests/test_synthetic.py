@@ -3,9 +3,9 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.config import SyntheticConfig
-from harness.scoring import score_numeric
-from harness.synthetic import generate_split, split_of, worked_solution
+from harness.config.schema import SyntheticConfig
+from harness.data.scoring import score_numeric
+from harness.data.synthetic import generate_split, split_of, worked_solution
 
 SMALL = SyntheticConfig(n_train=500, n_eval=100, n_ood=100)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.tokenstats import token_statistics
+from harness.train.token_statistics import token_statistics
 
 
 def naive(hidden, lm_head, targets, temperature):
@@ -60,8 +60,8 @@ def naive_from_logits(logits, targets, temperature):
 
 @pytest.mark.parametrize("chunk_size", [3, 256])
 def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, chunk_size):
-    from harness.models import load_policy
-    from harness.tokenstats import model_token_statistics
+    from harness.model.policy import load_policy
+    from harness.train.token_statistics import model_token_statistics
 
     model, _ = load_policy(tiny_model_dir)
     head = model.get_output_embeddings()
@@ -83,8 +83,8 @@ def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, c
 
 
 def test_models_that_transform_logits_after_the_head_are_refused(tiny_model_dir):
-    from harness.models import load_policy
-    from harness.tokenstats import model_token_statistics
+    from harness.model.policy import load_policy
+    from harness.train.token_statistics import model_token_statistics
 
     model, _ = load_policy(tiny_model_dir)
     model.config.final_logit_softcapping = 30.0

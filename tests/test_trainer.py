@@ -7,9 +7,9 @@ import torch
 import trl
 from datasets import Dataset
 
-from harness.config import PresetConfig
-from harness.models import load_policy
-from harness.trainer import BATCH_PREFIX, TargetedGRPOTrainer, grpo_config
+from harness.config.schema import PresetConfig
+from harness.model.policy import load_policy
+from harness.train.adapter import BATCH_PREFIX, TargetedGRPOTrainer, grpo_config
 from methods.registry import get_method_class
 
 
@@ -145,7 +145,8 @@ def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
 
 def test_activation_checkpointing_follows_the_preset(tmp_path):
     # TRL turns it on by default (GPU memory at long lengths); the tiny preset turns it off to save CPU time
-    from harness.config import REPO_ROOT, resolve
+    from harness.config.paths import REPO_ROOT
+    from harness.config.schema import resolve
 
     assert grpo_config(PresetConfig(name="test"), tmp_path, seed=0).activation_checkpointing is True
     tiny = resolve(REPO_ROOT / "configs/sweeps/default.yaml").preset

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hooks import prepare_batch, run_hooks, weigh_tokens
+from harness.train.hooks import prepare_batch, run_hooks, weigh_tokens
 from methods.base import RolloutBatch, StepContext, TokenStats, aggregation_weights
 from methods.d3s import D3S, keep_count, max_variance_subset
 from methods.registry import get_method_class

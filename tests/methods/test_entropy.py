@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hooks import new_rollout_batch, run_hooks
+from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
 from methods.entropy import Entropy, official_top_k, quantile, quantile_entropy_mask
 from methods.uniform import Uniform

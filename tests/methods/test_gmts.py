@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hooks import new_rollout_batch, run_hooks
+from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import RolloutBatch, StepContext, TokenStats
 from methods.gmts import GMTS, keep_top_scores, trust_indicator
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import fisher_exact
 
-from harness.hooks import new_rollout_batch, run_hooks
+from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import StepContext, TokenStats
 from methods.ktae import KTAE, fisher_exact_two_sided, information_gain_bits
 from methods.uniform import Uniform

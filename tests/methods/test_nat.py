@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hooks import prepare_batch, weigh_tokens
+from harness.train.hooks import prepare_batch, weigh_tokens
 from methods.base import RolloutBatch, StepContext, TokenStats, aggregation_weights
 from methods.nat import NAT, random_prefix_cut, uniform_random_sample
 from methods.registry import get_method_class

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hooks import new_rollout_batch, run_hooks
+from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
 from methods.rsi import RSI, relative_surprisal_index
 from methods.uniform import Uniform

@@ -1,7 +1,8 @@
 """The report's figures (seaborn on matplotlib's Agg canvas; no pyplot state): accuracy against spent compute with
 interval bands, per-benchmark point estimates, paired differences to the baseline, and training curves.
 
-Intervals are drawn from the leaderboard's own rows (``harness.stats``), never recomputed by seaborn, so a band in a
+Intervals are drawn from the leaderboard's own rows (``harness.report.bootstrap``), never recomputed by seaborn, so a
+band in a
 figure is the interval in the table. The training curves are the exception: seaborn's bootstrap over seeds of
 ``metrics.jsonl`` (a diagnostic, not a claim).
 """
@@ -18,7 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness.paths import WARMSTART_LABEL  # noqa: E402
+from harness.config.paths import WARMSTART_LABEL  # noqa: E402
 
 DPI = 110
 STYLE = "whitegrid"

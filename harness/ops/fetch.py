@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.config import MethodSpec, Resolved, dump_yaml
-from harness.datafiles import sha256_file, write_json_atomic
-from harness.paths import SweepPaths, checkpoint_name
+from harness.config.paths import SweepPaths, checkpoint_name
+from harness.config.schema import MethodSpec, Resolved, dump_yaml
+from harness.data.files import sha256_file, write_json_atomic
 
 
 def split_checkpoint(checkpoint: str) -> tuple[str, str | None]:
@@ -31,9 +31,9 @@ def fetch_checkpoint(resolved: Resolved, spec: MethodSpec, seed: int, paths: Swe
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness.models import _DTYPES, save_policy
-    from harness.provenance import provenance
-    from harness.train import resolve_repo_path
+    from harness.config.provenance import provenance
+    from harness.model.policy import _DTYPES, save_policy
+    from harness.train.run import resolve_repo_path
 
     if not spec.checkpoint:
         raise ValueError(f"method label {spec.label!r} names no checkpoint; it is trained, not fetched")

@@ -3,7 +3,7 @@
 Sections: the leaderboard per checkpoint, per-benchmark tables, figures, token highlights (what each method selects
 or weights on the same rollouts of the first run's first generation batch), reported numbers, provenance (resolved
 configs, method deviations, versions, git, data checksums, hardware, realised budget per run) and definitions.
-The tables are the ones ``leaderboard.md`` shows, built once in ``harness.report``.
+The tables are the ones ``leaderboard.md`` shows, built once in ``harness.report.leaderboard``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
-from harness import report
-from harness.paths import WARMSTART_LABEL
+from harness.config.paths import WARMSTART_LABEL
+from harness.report import leaderboard as report
 
 REPORT_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "seaborn")
 TOKEN_RGB = (230, 120, 20)  # orange: a token the method trains on; intensity grows with its weight

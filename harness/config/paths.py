@@ -1,9 +1,12 @@
-"""Where each artefact of a sweep lives; the Snakefile and the CLI both build paths here."""
+"""Where things live: the checkout (REPO_ROOT) and each artefact of a sweep; the Snakefile and the CLI build paths
+here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/, data/, scripts/ live here
+CONFIG_DIR = REPO_ROOT / "configs"
 WARMSTART_LABEL = "warmstart"  # the reference row: the starting checkpoint, evaluated like every run
 
 

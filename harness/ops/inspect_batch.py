@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from harness.config import CONFIG_DIR, ConfigError, load_method, parse_overrides
-from harness.datafiles import write_json_atomic
-from harness.hooks import PreparedBatch, new_rollout_batch, run_hooks
+from harness.config.paths import CONFIG_DIR
+from harness.config.schema import ConfigError, load_method, parse_overrides
+from harness.data.files import write_json_atomic
+from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
 from methods.base import StepContext, TokenStats
 
 DEFAULT_SPECIAL_TOKEN_IDS = (151643,)

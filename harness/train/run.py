@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from harness.budget import peak_memory_bytes
-from harness.config import MethodSpec, Resolved, dump_yaml
-from harness.datafiles import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic, write_sha256sums
-from harness.models import convert_gguf, load_policy, warmstart_char_llama
-from harness.paths import SweepPaths, checkpoint_name
-from harness.prompts import render_prompt
-from harness.provenance import provenance
-from harness.synthetic import generate_split
+from harness.config.paths import SweepPaths, checkpoint_name
+from harness.config.provenance import provenance
+from harness.config.schema import MethodSpec, Resolved, dump_yaml
+from harness.data.files import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic, write_sha256sums
+from harness.data.prompts import render_prompt
+from harness.data.synthetic import generate_split
+from harness.model.policy import convert_gguf, load_policy, warmstart_char_llama
+from harness.train.budget import peak_memory_bytes
 
 
 def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
@@ -45,7 +45,7 @@ def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
 
 
 def resolve_repo_path(path: str) -> Path:
-    from harness.config import REPO_ROOT
+    from harness.config.paths import REPO_ROOT
 
     candidate = Path(path)
     return candidate if candidate.is_absolute() else REPO_ROOT / candidate
@@ -66,7 +66,7 @@ def warmstart(resolved: Resolved, paths: SweepPaths) -> dict:
         summary = convert_gguf(model_cfg, staging)
     else:
         model, tokenizer = load_policy(model_cfg.name_or_path, model_cfg.dtype)
-        from harness.models import save_policy
+        from harness.model.policy import save_policy
 
         save_policy(model, tokenizer, staging)
         summary = {"name_or_path": model_cfg.name_or_path}
@@ -99,7 +99,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     from datasets import Dataset
     from transformers import set_seed
 
-    from harness.trainer import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.train.adapter import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
     from methods.registry import get_method_class
 
     preset = resolved.preset
@@ -176,7 +176,7 @@ def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
     Checkpoints of another configuration (the config changed since) are removed too: the run starts afresh."""
     import shutil
 
-    from harness.trainer import LEDGER_FILE
+    from harness.train.adapter import LEDGER_FILE
 
     if not trl_dir.is_dir():
         return None

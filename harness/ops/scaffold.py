@@ -6,7 +6,7 @@ import keyword
 import re
 from pathlib import Path
 
-from harness.config import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 MODULE = '''"""{title}: <one line on what the method targets>.
 
@@ -54,7 +54,7 @@ TEST = '''"""Tests for methods/{name}.py: replace the example with hand-computed
 
 import torch
 
-from harness.hooks import new_rollout_batch, run_hooks
+from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import StepContext, TokenStats
 from methods.registry import get_method_class
 

@@ -22,8 +22,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
+from harness.config.paths import CONFIG_DIR, REPO_ROOT
 
 
 class ConfigError(ValueError):
@@ -99,7 +98,7 @@ class WarmstartConfig:
 
 @dataclass
 class BudgetConfig:
-    """The compute every run of a sweep may spend (harness/budget.py says how each kind is counted).
+    """The compute every run of a sweep may spend (harness/train/budget.py says how each kind is counted).
 
     flops: analytic FLOPs of generation, scoring and training; accel_seconds: measured seconds (CUDA events on a
     GPU, process time on CPU); tokens: every token the model processed; samples: rollouts; steps: optimizer steps.
@@ -153,7 +152,7 @@ class TrainConfig:
     save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
     max_nonfinite_steps: int = 3  # steps with a NaN/inf loss are skipped; one more than this stops the run
     threads: int = 1  # torch CPU threads per job
-    # how the train job starts (harness/resources.py builds the command): `python` = one process (CPU or one
+    # how the train job starts (harness/ops/resources.py builds the command): `python` = one process (CPU or one
     # GPU); `accelerate` = `accelerate launch` with one process per GPU of resources.train (minus vLLM server GPUs)
     launcher: str = "python"
     distributed: str = "ddp"  # accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml
@@ -227,7 +226,7 @@ class EvalConfig:
 @dataclass
 class JobResources:
     """What one job of a rule asks a cluster for. The Snakefile passes these as the rule's ``resources``
-    (``harness.resources.snakemake_resources``); the SLURM executor plugin turns them into sbatch flags:
+    (``harness.ops.resources.snakemake_resources``); the SLURM executor plugin turns them into sbatch flags:
     gpus -> ``--gpus`` (``--gpus=<gpu_model>:N``), cpus_per_gpu -> ``--cpus-per-gpu`` (GPU jobs; CPU jobs get
     ``--cpus-per-task`` from the rule's threads), mem_mb -> ``--mem``, runtime (minutes) -> ``--time``,
     partition -> ``--partition``, account -> ``--account``, extra -> verbatim (e.g. ``--qos=high``). A local run

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from harness.config import SyntheticConfig
+from harness.config.schema import SyntheticConfig
 
 EVAL_HASH_BELOW = 26  # of 256: ~10% of the problem space is reserved for evaluation
 

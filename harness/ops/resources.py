@@ -21,7 +21,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import REPO_ROOT, JobResources, PresetConfig, Resolved, TrainConfig, load_method
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import JobResources, PresetConfig, Resolved, TrainConfig, load_method
 
 ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
 VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"

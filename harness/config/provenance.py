@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from harness.config import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "lm-eval", "math-verify", "snakemake", "omegaconf",
             "vllm", "tokenizers", "datasets")
@@ -50,7 +50,7 @@ def hardware() -> dict:
 
 def provenance(data_files: dict[str, Path] | None = None) -> dict:
     """Versions, git, hardware and the sha256 of each named data file."""
-    from harness.datafiles import sha256_file
+    from harness.data.files import sha256_file
 
     record = {"versions": package_versions(), "git": git_state(), "hardware": hardware()}
     if data_files:

@@ -1,10 +1,10 @@
 """Hooks for the task YAMLs in this folder: prompt rendering, the keep-all-samples filter, per-problem scoring.
 
 lm-eval imports this file by path (``!function utils.x``), not as ``harness.tasks.utils``, so the repo root is put
-on ``sys.path`` to reach ``harness.scoring`` when lm-eval runs from the command line.
+on ``sys.path`` to reach ``harness.data.scoring`` when lm-eval runs from the command line.
 
 Each doc reaching ``process_results`` carries ``prompt``, ``scorer`` and ``scoring_timeout_s``: set by the
-``process_docs_*`` hooks for standalone runs, or already in the docs file that ``harness.evaluate`` writes.
+``process_docs_*`` hooks for standalone runs, or already in the docs file that ``harness.evaluation.driver`` writes.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import math
 import sys
 from pathlib import Path
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_REPO_ROOT = str(Path(__file__).resolve().parents[3])
 if _REPO_ROOT not in sys.path:
     sys.path.append(_REPO_ROOT)
 
-from harness.evaluate import avg_at_k, majority_correct  # noqa: E402
-from harness.prompts import render_prompt  # noqa: E402
-from harness.scoring import score_batch  # noqa: E402
+from harness.data.prompts import render_prompt  # noqa: E402
+from harness.data.scoring import score_batch  # noqa: E402
+from harness.evaluation.driver import avg_at_k, majority_correct  # noqa: E402
 
 DEFAULT_TIMEOUT_S = 5.0  # EvalConfig.scoring_timeout_s default
 

@@ -27,7 +27,7 @@ Two scorers, picked by name (``TrainConfig.reward``, ``BenchmarkConfig.scorer``)
 
 math-verify's own timeouts use SIGALRM, which fails off the main thread, so they are disabled
 (``parsing_timeout=None``, ``timeout_seconds=None``) and ours is enforced instead: scoring runs in ONE long-lived
-worker subprocess per calling process (``python -m harness.scoring``, stdin/stdout pipes, length-prefixed
+worker subprocess per calling process (``python -m harness.data.scoring``, stdin/stdout pipes, length-prefixed
 pickles); the parent waits for each item's answer up to ``timeout_s``. When the deadline passes the worker is
 killed, the item is scored incorrect with ``timed_out=True``, and a fresh worker (about 1 s to import sympy)
 takes the rest of the batch. The clock covers the item only: waiting for a worker to finish starting is extra.
@@ -53,9 +53,9 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from harness.config.paths import REPO_ROOT
+
 SCORERS = ("numeric", "math_verify")
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy + antlr on a loaded 2-core box can take a while
 
@@ -227,7 +227,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.scoring", "--worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.data.scoring", "--worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr, env=env, cwd=str(REPO_ROOT))
         self.fd = self.proc.stdout.fileno()
         self.ready = False  # the "ready" frame is awaited lazily, so a replacement imports while we carry on
@@ -319,7 +319,8 @@ def shutdown_worker() -> None:
 
 
 # Recent math-verify results, so a caller that scores the same completions twice (lm-eval's process_results, then
-# harness.evaluate's per-sample file) pays once. Keyed by a digest of the completion, not the text, to bound memory.
+# harness.evaluation.driver's per-sample file) pays once. Keyed by a digest of the completion, not the text, to bound
+# memory.
 _CACHE: OrderedDict[tuple, Score] = OrderedDict()
 CACHE_SIZE = 65536
 

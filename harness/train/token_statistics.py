@@ -113,7 +113,7 @@ def check_plain_logits(model) -> None:
     used = [name for name in UNSUPPORTED_LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1.0)]
     if used:
         raise ValueError(f"model config sets {used}: its logits are transformed after the LM head, which the token "
-                         "statistics (harness/tokenstats.py) do not reproduce; this model is not supported")
+                         "statistics (harness/train/token_statistics.py) do not reproduce; this model is not supported")
 
 
 def model_token_statistics(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,

@@ -4,11 +4,12 @@
 two steps:
 
 - ``_generate_and_score_completions``: after TRL has generated and scored, the harness computes the baseline's
-  advantages from the raw rewards and runs ``harness.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
+  advantages from the raw rewards and runs ``harness.train.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
   ``before_forward``). Dropped rollouts and truncated columns are removed from the batch here, *before* any
   forward pass, so what a method skips is really skipped.
-- ``_compute_loss``: token statistics from the last hidden states in chunks (``harness.tokenstats``), the method's
-  weights and denominator (``harness.hooks.weigh_tokens``), and the clipped surrogate
+- ``_compute_loss``: token statistics from the last hidden states in chunks (``harness.train.token_statistics``), the
+method's
+  weights and denominator (``harness.train.hooks.weigh_tokens``), and the clipped surrogate
   ``l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``; loss = sum(w l) / D (+ beta * KL over all tokens).
 
 TRL is configured so that it computes no old-policy or reference log-probs itself (one optimizer step per
@@ -32,11 +33,11 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from harness.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
-from harness.config import PresetConfig
-from harness.hooks import PreparedBatch, new_rollout_batch, prepare_batch, weigh_tokens
-from harness.scoring import score_batch
-from harness.tokenstats import model_token_statistics
+from harness.config.schema import PresetConfig
+from harness.data.scoring import score_batch
+from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
+from harness.train.hooks import PreparedBatch, new_rollout_batch, prepare_batch, weigh_tokens
+from harness.train.token_statistics import model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, aggregation_weights, group_advantages
 
 BATCH_PREFIX = "tt_"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
@@ -218,7 +219,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
         """The first generation batch in the ``harness inspect`` format, with token strings: the report colours
         what each method selects on these same rollouts. A diagnostic forward outside the budget."""
-        from harness.datafiles import write_json_atomic
+        from harness.data.files import write_json_atomic
 
         input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
@@ -488,7 +489,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         so a resumed run continues the budget count."""
         super()._save_checkpoint(model, trial)
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        from harness.datafiles import write_json_atomic
+        from harness.data.files import write_json_atomic
 
         write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(), "run_key": self.run_key,
                                                  "saved_checkpoints": self.saved_checkpoints})
@@ -551,7 +552,7 @@ class BudgetCallback(TrainerCallback):
     def _save_model(self, model, directory: Path) -> None:
         """Every process takes part in gathering the full weights (ZeRO-3 and FSDP shard them); the main process
         writes them; the others wait until the folder exists."""
-        from harness.models import save_policy
+        from harness.model.policy import save_policy
 
         trainer = self.trainer
         accelerator = trainer.accelerator

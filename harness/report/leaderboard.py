@@ -10,7 +10,8 @@ Outputs under ``results/<sweep>/``:
     highlights on fixed rollouts, reported numbers and provenance;
   * ``figures/*.png``: the figures of the report.
 
-Every interval comes from ``harness.stats`` over the per-problem scores read from each ``samples.jsonl``, so each
+Every interval comes from ``harness.report.bootstrap`` over the per-problem scores read from each ``samples.jsonl``,
+so each
 cell can be traced to the generations behind it. The numbers in ``results.json`` are kept in the runs table.
 
 Reported numbers: an optional ``configs/reported/<sweep name>.yaml`` (JSON is YAML too) holds what a paper reports,
@@ -31,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import stats
-from harness.config import CONFIG_DIR, ConfigError, Resolved
-from harness.datafiles import write_json_atomic
-from harness.paths import WARMSTART_LABEL, SweepPaths, checkpoint_name
+from harness.config.paths import CONFIG_DIR, WARMSTART_LABEL, SweepPaths, checkpoint_name
+from harness.config.schema import ConfigError, Resolved
+from harness.data.files import write_json_atomic
+from harness.report import bootstrap as stats
 
 WARMSTART_CKPT = "ckpt-000"
 BASELINE_METHOD = "uniform"  # the registered name every difference is taken against
@@ -628,7 +629,7 @@ def reported_lines(reported: Reported, evidence: Evidence) -> list[str]:
 
 def inspect_sample_batch(evidence: Evidence, paths: SweepPaths) -> tuple[Path | None, dict[str, dict | str]]:
     """Run ``harness inspect`` for every label on the first run's sample batch; a label that fails shows its error."""
-    from harness.inspect import inspect_batch
+    from harness.ops.inspect_batch import inspect_batch
 
     batch_file = paths.run_dir(evidence.labels[0], evidence.seeds[0]) / "sample_batch.json"
     if not batch_file.is_file():
@@ -646,7 +647,8 @@ def inspect_sample_batch(evidence: Evidence, paths: SweepPaths) -> tuple[Path | 
 def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path | None = None,
                       n_resamples: int = stats.N_RESAMPLES) -> list[Path]:
     """Read the sweep, compute the statistics, write the tables, figures and report.html; return what was written."""
-    from harness import html_report, plots
+    from harness.report import html as html_report
+    from harness.report import plots
 
     evidence = read_sweep(resolved, paths)
     reported = load_reported(reported_file or CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")

@@ -1,15 +1,16 @@
-"""Evaluate one checkpoint on one benchmark: lm-eval generates, harness.scoring grades, we count.
+"""Evaluate one checkpoint on one benchmark: lm-eval generates, harness.data.scoring grades, we count.
 
 Protocol (``EvalConfig``): k samples per problem at ``temperature``/``top_p`` -> avg@k, unbiased pass@j
 (j = 1, 2, 4, ..., k), maj@k; plus one greedy completion per problem when ``greedy``. Prompts are
-``harness.prompts.render_prompt(template, problem, tokenizer)``, the text training sees, tokenized without special
+``harness.data.prompts.render_prompt(template, problem, tokenizer)``, the text training sees, tokenized without special
 tokens as training does (``add_bos_token=False``); no lm-eval chat template is applied on top.
 
-How the task is built. The YAMLs in ``harness/tasks`` (a base ``_default_template_yaml`` plus ``include:``
+How the task is built. The YAMLs in ``harness/evaluation/tasks`` (a base ``_default_template_yaml`` plus ``include:``
 variants) hold the scoring hooks. For a run we write, under ``out_dir/lm_eval/``:
   * ``docs.jsonl``: the benchmark rows (first ``limit``) with the rendered ``prompt``, ``scorer`` and
     ``scoring_timeout_s`` added, so lm-eval needs no template logic and the docs are exactly what was asked;
-  * ``<task>.yaml`` per mode (sampled, greedy): ``include:`` of the variant (``harness/tasks/<bench>.yaml``, or
+  * ``<task>.yaml`` per mode (sampled, greedy): ``include:`` of the variant
+  (``harness/evaluation/tasks/<bench>.yaml``, or
     the base when there is none, e.g. ``arith_ood``) by absolute path, overriding ``task``,
     ``dataset_kwargs.data_files`` (absolute), ``process_docs: null``, ``repeats`` and ``generation_kwargs``.
 These files are passed to ``simple_evaluate`` as task paths with ``TaskManager(include_defaults=False)``: only
@@ -39,8 +40,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.config import BenchmarkConfig, EvalConfig
-from harness.datafiles import REPO_ROOT, read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import BenchmarkConfig, EvalConfig
+from harness.data.files import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BASE_TASK = TASKS_DIR / "_default_template_yaml"
@@ -243,7 +245,7 @@ def _score_samples(samples: list[dict], scorer: str, timeout_s: float, tokenizer
     returned text (stop string and EOS removed, special tokens skipped by lm-eval's decode): exact for the
     char-level model, within a token or two of the generated count for BPE tokenizers.
     """
-    from harness.scoring import score_batch
+    from harness.data.scoring import score_batch
 
     texts = [s["completion"] for s in samples]
     scores = score_batch(texts, [s["gold"] for s in samples], scorer, timeout_s)
@@ -271,7 +273,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     from lm_eval.tasks import TaskManager
     from transformers import AutoConfig, AutoTokenizer
 
-    from harness.prompts import STOP_SEQUENCES, render_prompt
+    from harness.data.prompts import STOP_SEQUENCES, render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}

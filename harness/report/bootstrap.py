@@ -95,7 +95,8 @@ class BootstrapPlan:
 def per_problem_scores(samples: Iterable[Mapping], mode: str = "sampled") -> dict[str, float]:
     """Rows of ``samples.jsonl`` -> {problem id: mean correctness of its ``mode`` samples}.
 
-    Problems with an ungradable sample are left out, as ``harness.evaluate.summarize`` leaves them out of avg@k.
+    Problems with an ungradable sample are left out, as ``harness.evaluation.driver.summarize`` leaves them out of
+    avg@k.
     """
     correct: dict[str, list[bool]] = {}
     ungradable: set[str] = set()

@@ -1,0 +1,1 @@
+"""Configuration: the schemas every sweep is validated against, where things live, the run record."""

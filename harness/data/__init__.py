@@ -1,0 +1,1 @@
+"""Data: checksummed JSONL files, the synthetic task, prompt templates and answer scoring (rewards and eval)."""

@@ -1,0 +1,1 @@
+"""Evaluation: lm-eval over our task YAMLs, sample scoring, avg@k / pass@k / maj@k."""

@@ -1,0 +1,1 @@
+"""Models: load and save policies, the char Llama warm start, GGUF conversion."""

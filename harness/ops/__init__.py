@@ -1,0 +1,1 @@
+"""Operations: cluster resources and plans, released-checkpoint fetch, `inspect`, the method scaffold."""

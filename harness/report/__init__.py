@@ -1,0 +1,1 @@
+"""Reports: read a finished sweep, bootstrap statistics, leaderboards, plots and the HTML report."""
