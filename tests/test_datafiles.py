@@ -1,4 +1,5 @@
-"""harness/data/files.py: checksums against SHA256SUMS, strict JSONL, atomic writes; the shipped data verifies."""
+"""harness/data/files.py: checksums against SHA256SUMS, strict JSON and JSONL, atomic writes; the shipped data
+verifies."""
 
 import hashlib
 import json
@@ -10,12 +11,14 @@ import pytest
 from harness.config.paths import REPO_ROOT
 from harness.data.files import (
     DataFileError,
+    read_json,
     read_jsonl,
     sha256_file,
     verify_checksum,
     write_json_atomic,
     write_jsonl_atomic,
     write_sha256sums,
+    write_text_atomic,
 )
 
 DATA = REPO_ROOT / "data"
@@ -114,6 +117,24 @@ def test_atomic_writers_replace_whole_files_and_leave_no_temp(tmp_path):
     assert json.loads(target.read_text()) == {"a": 2}
     assert sorted(os.listdir(target.parent)) == ["results.json"]
     assert oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+def test_write_text_atomic_replaces_the_file_byte_for_byte(tmp_path):
+    target = tmp_path / "report" / "leaderboard.md"
+    write_text_atomic(target, "old\n")
+    assert write_text_atomic(target, "| Δ |\n\nend") == target
+    assert target.read_bytes() == "| Δ |\n\nend".encode()
+    assert sorted(os.listdir(target.parent)) == ["leaderboard.md"]
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+def test_read_json_names_the_file_and_line_of_malformed_json(tmp_path):
+    good = write_json_atomic(tmp_path / "run.json", {"budget": {"amount": 4.0}})
+    assert read_json(good) == {"budget": {"amount": 4.0}}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "k": 4,\n}\n')
+    with pytest.raises(DataFileError, match=r"bad\.json:3: malformed JSON"):
+        read_json(bad)
 
 
 def test_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path):

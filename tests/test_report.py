@@ -1,5 +1,4 @@
-"""harness.report.leaderboard on a synthetic sweep: the files exist, the CSV numbers are what the samples give, the
-A/A pair is
+"""harness.report on a synthetic sweep: the files exist, the CSV numbers are what the samples give, the A/A pair is
 tied and the real improvement is not, reported numbers sit beside ours, and report.html is self-contained."""
 
 import ast
@@ -14,7 +13,11 @@ from report_fixture import BENCHES, LABELS, build_sweep
 
 from harness.config.schema import ConfigError
 from harness.report import html as html_report
-from harness.report import leaderboard as report
+from harness.report.evidence import find_failures, read_sweep
+from harness.report.leaderboard import write_leaderboard
+from harness.report.markdown import budget_warnings, protocol_note
+from harness.report.reported import load_reported
+from harness.report.summary import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTED = """
@@ -37,7 +40,7 @@ def sweep(tmp_path_factory):
     resolved, paths = build_sweep(tmp)
     reported_file = tmp / "reported.yaml"
     reported_file.write_text(REPORTED)
-    written = report.write_leaderboard(resolved, paths, reported_file=reported_file)
+    written = write_leaderboard(resolved, paths, reported_file=reported_file)
     return resolved, paths, written
 
 
@@ -160,17 +163,17 @@ def test_reported_numbers_sit_beside_ours(sweep):
 
 
 def test_reported_file_errors_name_the_key(tmp_path):
-    assert report.load_reported(tmp_path / "absent.yaml") is None
+    assert load_reported(tmp_path / "absent.yaml") is None
     bad = tmp_path / "bad.yaml"
     bad.write_text("numbers: {uniform: {arith: 140}}\n")
     with pytest.raises(ConfigError, match=r"numbers\.uniform\.arith"):
-        report.load_reported(bad)
+        load_reported(bad)
     bad.write_text("numbrs: {}\n")
     with pytest.raises(ConfigError, match="unknown key"):
-        report.load_reported(bad)
+        load_reported(bad)
     good = tmp_path / "good.json"  # JSON is accepted too
     good.write_text(json.dumps({"source": "x", "numbers": {"uniform": {"arith": 12.5}}}))
-    assert report.load_reported(good).get("uniform", "arith") == 12.5
+    assert load_reported(good).get("uniform", "arith") == 12.5
 
 
 def test_html_is_self_contained_with_highlights_and_provenance(sweep):
@@ -206,8 +209,8 @@ def test_rollouts_for_highlights_are_fixed_and_informative():
 
 def test_report_is_deterministic(sweep, tmp_path):
     resolved, paths, _ = sweep
-    again = report.summarize(report.read_sweep(resolved, paths))
-    assert again == report.summarize(report.read_sweep(resolved, paths))
+    again = summarize(read_sweep(resolved, paths))
+    assert again == summarize(read_sweep(resolved, paths))
 
 
 def test_a_failed_run_is_listed_and_left_out(tmp_path):
@@ -216,17 +219,29 @@ def test_a_failed_run_is_listed_and_left_out(tmp_path):
     log = paths.root / "logs" / "eval" / "entropy_seed0_ckpt-100.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("Traceback (most recent call last):\n  File x\nMemoryError: out of memory in generate\n")
-    report.write_leaderboard(resolved, paths)
+    write_leaderboard(resolved, paths)
     leaderboard = (paths.root / "leaderboard.md").read_text()
     assert "Failed run, left out:** `entropy` seed 0 (eval ckpt-100): MemoryError: out of memory" in leaderboard
     assert "| entropy |" not in leaderboard
+
+
+def test_failed_training_points_to_the_train_log(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    (paths.run_dir("uniform-aa", 1) / "run.json").unlink()
+    log = paths.root / "logs" / "train" / "uniform-aa_seed1.log"  # the Snakefile's train log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("step 3\nharness train: error: CUDA out of memory\n")
+    failures = find_failures(resolved, paths, ["ckpt-100"], list(BENCHES))
+    assert failures == [{"label": "uniform-aa", "seed": 1, "stage": "train",
+                         "error": "harness train: error: CUDA out of memory", "log": "logs/train/uniform-aa_seed1.log"}]
+    assert read_sweep(resolved, paths).labels == ["uniform", "entropy"]
 
 
 def test_missing_warmstart_results_name_the_file(tmp_path):
     resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
     (paths.eval_dir("warmstart", 0, "ckpt-000", "arith") / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="warmstart/seed0/ckpt-000/arith/results.json"):
-        report.write_leaderboard(resolved, paths)
+        write_leaderboard(resolved, paths)
 
 
 def test_unmatched_budgets_are_flagged(tmp_path):
@@ -235,37 +250,59 @@ def test_unmatched_budgets_are_flagged(tmp_path):
     run = json.loads(run_file.read_text())
     run["budget"]["spent_steps"] = 3
     run_file.write_text(json.dumps(run))
-    assert report.budget_warnings(report.read_sweep(resolved, paths)) == ["entropy/seed0 spent 3 steps of its 4"]
+    assert budget_warnings(read_sweep(resolved, paths)) == ["entropy/seed0 spent 3 steps of its 4"]
     run["budget"]["amount"] = 8.0
     run_file.write_text(json.dumps(run))
-    assert "different budgets" in report.budget_warnings(report.read_sweep(resolved, paths))[0]
+    assert "different budgets" in budget_warnings(read_sweep(resolved, paths))[0]
 
 
 def test_one_seed_sweep_says_so(tmp_path):
     resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
-    summary = report.summarize(report.read_sweep(resolved, paths), n_resamples=200)
+    summary = summarize(read_sweep(resolved, paths), n_resamples=200)
     assert {r["n_seeds"] for r in summary} == {1}
-    note = report.protocol_note(report.read_sweep(resolved, paths), resolved, 200)
+    note = protocol_note(read_sweep(resolved, paths), resolved, 200)
     assert "One seed only" in note
 
 
+REPORT_DIR = REPO / "harness" / "report"
+# Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
+REPORT_MODULE_ORDER = ["bootstrap", "evidence", "reported", "summary", "tables", "markdown", "html", "plots",
+                       "leaderboard"]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names a module imports; ``from a import b`` counts as both ``a`` and ``a.b`` (b may be a module)."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return imported
+
+
 def test_report_modules_never_import_the_trainer_or_trl():
-    for name in ("bootstrap", "leaderboard", "plots", "html"):
-        tree = ast.parse((REPO / "harness" / "report" / f"{name}.py").read_text())
-        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        assert not any(m.split(".")[0] in {"trl", "transformers"} or m in {"harness.train.adapter", "harness.train.run"}
-                       for m in imported), (name, imported)
-    stats_imports = ast.parse((REPO / "harness" / "report" / "bootstrap.py").read_text())
-    assert not [n for n in ast.walk(stats_imports) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
-        "harness")]
+    modules = sorted(REPORT_DIR.glob("*.py"))
+    assert {p.stem for p in modules} == {"__init__", *REPORT_MODULE_ORDER}
+    for path in modules:
+        imported = imported_modules(path)
+        assert not any(m.split(".")[0] in {"trl", "transformers"} or m == "harness.train"
+                       or m.startswith("harness.train.") for m in imported), (path.name, imported)
+    assert not [m for m in imported_modules(REPORT_DIR / "bootstrap.py") if m.startswith("harness")]
+
+
+def test_report_modules_import_one_way():
+    for index, name in enumerate(REPORT_MODULE_ORDER):
+        own = {m.removeprefix("harness.report.").split(".")[0] for m in imported_modules(REPORT_DIR / f"{name}.py")
+               if m.startswith("harness.report.")}
+        assert own <= set(REPORT_MODULE_ORDER[:index]), (name, sorted(own - set(REPORT_MODULE_ORDER[:index])))
 
 
 def test_sweep_without_a_uniform_label_says_there_is_no_baseline(tmp_path):
     # e.g. published-checkpoints: released models only; the note must not speak of differences to "None"
     resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))
-    evidence = report.read_sweep(resolved, paths)
+    evidence = read_sweep(resolved, paths)
     evidence.labels = [label for label in evidence.labels if evidence.method_name(label) != "uniform"]
     assert evidence.baseline is None
-    note = report.protocol_note(evidence, resolved, 200)
+    note = protocol_note(evidence, resolved, 200)
     assert "no baseline" in note and "None" not in note

@@ -16,6 +16,8 @@ def checkpoint_name(fraction: float) -> str:
 
 
 class SweepPaths:
+    """The files of one sweep under ``results/<sweep>/``: runs/, eval/, logs/ (the Snakefile's layout)."""
+
     def __init__(self, root: Path):
         self.root = Path(root)
 
@@ -37,3 +39,31 @@ class SweepPaths:
 
     def eval_dir(self, label: str, seed: int | str, ckpt: str, bench: str) -> Path:
         return self.root / "eval" / label / f"seed{seed}" / ckpt / bench
+
+    def run_file(self, label: str, seed: int | str) -> Path:
+        """``run.json``: written last by training (or fetch), so its presence means the run finished."""
+        return self.run_dir(label, seed) / "run.json"
+
+    def metrics_file(self, label: str, seed: int | str) -> Path:
+        return self.run_dir(label, seed) / "metrics.jsonl"
+
+    def sample_batch_file(self, label: str, seed: int | str) -> Path:
+        """The first generation batch in the ``harness inspect`` format, saved by the trainer."""
+        return self.run_dir(label, seed) / "sample_batch.json"
+
+    def results_file(self, label: str, seed: int | str, ckpt: str, bench: str) -> Path:
+        """``results.json``: written last by evaluation, so its presence means the evaluation finished."""
+        return self.eval_dir(label, seed, ckpt, bench) / "results.json"
+
+    def samples_file(self, label: str, seed: int | str, ckpt: str, bench: str) -> Path:
+        return self.eval_dir(label, seed, ckpt, bench) / "samples.jsonl"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def train_log(self, label: str, seed: int | str) -> Path:
+        return self.logs_dir / "train" / f"{label}_seed{seed}.log"
+
+    def eval_log(self, label: str, seed: int | str, ckpt: str) -> Path:
+        return self.logs_dir / "eval" / f"{label}_seed{seed}_{ckpt}.log"

@@ -1,4 +1,4 @@
-"""Data files: sha256 checks against ``SHA256SUMS``, strict JSONL reading, atomic writes.
+"""Data files: sha256 checks against ``SHA256SUMS``, strict JSON and JSONL reading, atomic writes.
 
 ``SHA256SUMS`` uses the ``sha256sum`` format (``<64 hex>  <path relative to the SHA256SUMS folder>``), so
 ``cd data && sha256sum -c SHA256SUMS`` checks the same thing ``verify_checksum`` does.
@@ -115,6 +115,15 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ("id", "problem", "an
     return rows
 
 
+def read_json(path: str | Path) -> Any:
+    """A JSON file; malformed JSON raises naming the file, line and column."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFileError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+
+
 def _write_atomic(path: str | Path, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +159,11 @@ def write_json_atomic(path: str | Path, obj: Any, indent: int = 2) -> Path:
         handle.write("\n")
 
     return _write_atomic(path, write)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """``text`` as UTF-8, replacing ``path`` in one step."""
+    return _write_atomic(path, lambda handle: handle.write(text))
 
 
 def write_sha256sums(folder: str | Path, files: Iterable[str | Path]) -> Path:

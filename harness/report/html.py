@@ -3,7 +3,8 @@
 Sections: the leaderboard per checkpoint, per-benchmark tables, figures, token highlights (what each method selects
 or weights on the same rollouts of the first run's first generation batch), reported numbers, provenance (resolved
 configs, method deviations, versions, git, data checksums, hardware, realised budget per run) and definitions.
-The tables are the ones ``leaderboard.md`` shows, built once in ``harness.report.leaderboard``.
+The tables are the ones ``leaderboard.md`` shows, built once in ``harness.report.tables``; the notes are
+``harness.report.markdown``'s.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import statistics
 from pathlib import Path
 
 from harness.config.paths import WARMSTART_LABEL
-from harness.report import leaderboard as report
+from harness.report.markdown import budget_warnings, calibration_lines, protocol_note, reported_lines
+from harness.report.tables import bench_table, overview_table, runs_table, select, with_ci
 
 REPORT_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "seaborn")
 TOKEN_RGB = (230, 120, 20)  # orange: a token the method trains on; intensity grows with its weight
 NEGATIVE_RGB = (40, 110, 220)  # blue, should a method ever return a negative weight
+N_HIGHLIGHT_ROLLOUTS = 6
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1400px;
@@ -90,7 +93,7 @@ FIGURE_CAPTIONS = {
 # --- token highlights ---------------------------------------------------------------------------------------------
 
 
-def choose_rollouts(batch: dict, n: int = report.N_HIGHLIGHT_ROLLOUTS) -> list[int]:
+def choose_rollouts(batch: dict, n: int = N_HIGHLIGHT_ROLLOUTS) -> list[int]:
     """Fixed, deterministic rollouts: the best and worst of each group with mixed rewards (where the advantage is
     non-zero, so every method has a learning signal to shape), then the first rollout of other groups."""
     rewards, groups = batch["rewards"], batch["group_ids"]
@@ -214,7 +217,7 @@ def provenance_section(evidence) -> str:
     parts.append(table(["label", "method", "parameters", "run seeds", "deviations"], body, None))
 
     parts.append("<h3>Realised budget per run</h3>")
-    parts.append(table(*report.runs_table(evidence), None))
+    parts.append(table(*runs_table(evidence), None))
 
     parts.append("<h3>Resolved configuration</h3>")
     configs: dict[str, list[str]] = {}
@@ -263,7 +266,7 @@ def reported_section(reported, evidence, summary) -> str:
     if reported is None:
         return ("<p class='note'>No reported numbers for this sweep (an optional "
                 "<code>configs/reported/&lt;sweep&gt;.yaml</code>).</p>")
-    lines = report.reported_lines(reported, evidence)
+    lines = reported_lines(reported, evidence)
     parts = [f"<p class='note'>{esc(lines[0])}</p>"]
     if reported.differences:
         parts.append("<p class='note'>Protocol differences to ours:</p><ul>")
@@ -273,8 +276,8 @@ def reported_section(reported, evidence, summary) -> str:
     body = []
     for label, per_bench in reported.numbers.items():
         for bench, value in per_bench.items():
-            ours = report._select(summary, ckpt=final, method=label, bench=bench, metric=evidence.avg_metric)
-            body.append([label, bench, f"{value:.1f}", report.with_ci(ours[0]) if ours else "not in this sweep"])
+            ours = select(summary, ckpt=final, method=label, bench=bench, metric=evidence.avg_metric)
+            body.append([label, bench, f"{value:.1f}", with_ci(ours[0]) if ours else "not in this sweep"])
     parts.append(table(["method", "benchmark", f"reported ({reported.metric or 'paper metric'})",
                         f"ours {evidence.avg_metric} [95% CI]"], body, None))
     return "".join(parts)
@@ -294,21 +297,21 @@ def render(evidence, resolved, summary, reported, figures: dict[str, Path], batc
              f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{esc(title)}</h1>",
              "<nav>" + "".join(f"<a href='#{key}'>{esc(name)}</a>" for key, name in sections) + "</nav>",
-             f"<p class='note'>{esc(report.protocol_note(evidence, resolved, n_resamples).replace('**', ''))}</p>"]
-    calibration = report.calibration_lines(evidence, summary)
+             f"<p class='note'>{esc(protocol_note(evidence, resolved, n_resamples).replace('**', ''))}</p>"]
+    calibration = calibration_lines(evidence, summary)
     parts += [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
-    parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in report.budget_warnings(evidence)]
+    parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in budget_warnings(evidence)]
     parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
               f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]
 
     parts.append("<h2 id='leaderboard'>Leaderboard</h2>")
     for ckpt in reversed(list(evidence.ckpts)):
         name = "Full budget" if ckpt == final else f"{evidence.ckpts[ckpt]:.0%} of the budget"
-        parts += [f"<h3>{esc(name)} ({esc(ckpt)})</h3>", table(*report.overview_table(evidence, summary, ckpt))]
+        parts += [f"<h3>{esc(name)} ({esc(ckpt)})</h3>", table(*overview_table(evidence, summary, ckpt))]
 
     parts.append(f"<h2 id='benchmarks'>Per benchmark ({esc(final)})</h2>")
     for bench in evidence.benches:
-        parts += [f"<h3>{esc(bench)}</h3>", table(*report.bench_table(evidence, summary, final, bench, reported))]
+        parts += [f"<h3>{esc(bench)}</h3>", table(*bench_table(evidence, summary, final, bench, reported))]
 
     parts.append("<h2 id='figures'>Figures</h2>")
     for name, path in figures.items():

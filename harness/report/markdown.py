@@ -1,0 +1,140 @@
+"""``leaderboard.md`` (renders on GitHub): per checkpoint (budget fraction) a ranked table over benchmarks, then one
+table per benchmark, the figures, the realised budget per run and the definitions.
+
+The notes (protocol, A/A calibration, unmatched budgets, reported numbers) are markdown-flavoured text that
+``report.html`` shows too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.config.schema import Resolved
+from harness.report.evidence import Evidence
+from harness.report.reported import Reported
+from harness.report.summary import calibration_pairs
+from harness.report.tables import bench_table, overview_table, runs_table, select
+
+BUDGET_TOLERANCE = 0.05  # a run whose realised budget is more than 5% off its amount is flagged
+
+
+# --- notes --------------------------------------------------------------------------------------------------------
+
+
+def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> str:
+    """What the numbers are: metric, budget, seeds, problems, intervals, and how Δ, P, verdict and rank read."""
+    budget = resolved.preset.train.budget
+    problems = ", ".join(f"{b} {len(p)}" for b, p in evidence.problem_ids.items())
+    note = (f"Accuracy in %. {evidence.avg_metric}: mean correctness of k = {evidence.k} samples per problem at "
+            f"T = {evidence.temperature:g}; greedy: one completion at T = 0. Budget: {budget.kind} = "
+            f"{budget.amount:g}, compared at each checkpoint fraction. Seeds: {len(evidence.seeds)} "
+            f"({', '.join(map(str, evidence.seeds))}); problems: {problems}. "
+            f"Intervals: 95% percentile bootstrap ({n_resamples} resamples), seeds and problems resampled (problems "
+            f"within each benchmark). ")
+    if evidence.baseline is None:
+        note += ("This sweep has no `uniform` label, so there is no baseline: the Δ, P and verdict columns are "
+                 "empty and methods are not ranked against each other.")
+    else:
+        note += (f"Δ: paired difference to `{evidence.baseline}` (same seed indices, same problems). P(X > Y): "
+                 f"probability that a seed of the method beats a seed of the baseline (averaged over benchmarks for "
+                 f"the overview). Verdict 'tied' when the Δ interval covers 0; rank = 1 + the number of methods "
+                 f"whose paired difference to this one is significantly positive (equal ranks: not separated). "
+                 f"Each interval is 95% on its own, with no correction for comparing several methods: among many "
+                 f"methods one spurious 'better' or 'worse' is to be expected.")
+    if len(evidence.seeds) == 1:
+        note += (" **One seed only: the intervals cover problem sampling, not training randomness; read 'better' "
+                 "and 'worse' with care.**")
+    return note
+
+
+def calibration_lines(evidence: Evidence, summary: list[dict]) -> list[str]:
+    """A/A verdicts: the statistics' calibration check (an A/A pair must come out tied)."""
+    lines = []
+    for a, b in calibration_pairs(evidence):
+        pair = (a, b) if b == evidence.baseline else (b, a)
+        for ckpt in evidence.ckpts:
+            rows = select(summary, ckpt=ckpt, method=pair[0], metric=evidence.avg_metric, statistic="mean")
+            verdicts = {r["bench"]: r.get("verdict") for r in rows if r.get("verdict")}
+            if not verdicts:
+                continue
+            ok = all(v == "tied" for v in verdicts.values())
+            detail = ", ".join(f"{bench}: {v}" for bench, v in verdicts.items())
+            lines.append(f"A/A `{pair[0]}` vs `{pair[1]}` at {ckpt}: {'tied (calibrated)' if ok else 'NOT tied'} "
+                         f"({detail})" + ("" if ok else " — the intervals are too narrow for this sweep (more seeds?)"))
+    return lines
+
+
+def budget_warnings(evidence: Evidence) -> list[str]:
+    """Matched compute is the premise of the comparison: flag runs whose budget (kind, amount) differs from the
+    others', or whose realised spend (``budget.spent_<kind>`` in run.json) is off its amount."""
+    warnings = []
+    budgets = {(run["budget"].get("kind"), run["budget"].get("amount")) for run in evidence.runs.values()}
+    if len(budgets) > 1:
+        warnings.append(f"runs were trained under different budgets: {sorted(budgets, key=str)}")
+    for (label, seed), run in evidence.runs.items():
+        budget = run["budget"]
+        spent, amount = budget.get(f"spent_{budget.get('kind')}"), budget.get("amount")
+        if isinstance(spent, int | float) and amount and abs(spent - amount) > BUDGET_TOLERANCE * amount:
+            warnings.append(f"{label}/seed{seed} spent {spent:g} {budget['kind']} of its {amount:g}")
+    return warnings
+
+
+def reported_lines(reported: Reported, evidence: Evidence) -> list[str]:
+    """Where the paper's numbers come from, how its protocol differs, and which of them this sweep lacks."""
+    lines = [f"Source: {reported.source or 'not given'}; metric: {reported.metric or 'not given'}; protocol: "
+             f"{reported.protocol or 'not given'} (`{reported.path.name}`)."]
+    if reported.differences:
+        lines += ["", "Protocol differences to ours:"] + [f"- {d}" for d in reported.differences]
+    unknown = [f"{lab}/{b}" for lab, per in reported.numbers.items() for b in per
+               if lab not in evidence.labels or b not in evidence.benches]
+    if unknown:
+        lines += ["", f"Reported but not in this sweep: {', '.join(unknown)}."]
+    return lines
+
+
+# --- the page -----------------------------------------------------------------------------------------------------
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    def escape(cell: str) -> str:
+        return str(cell).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(escape(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _checkpoint_sections(evidence: Evidence, summary: list[dict]) -> list[str]:
+    """Per checkpoint, latest first: the overview table; the notes under the full budget; the failed runs."""
+    final, parts = evidence.final_ckpt, []
+    for ckpt in sorted(evidence.ckpts, reverse=True):
+        title = "Full budget" if ckpt == final else f"{evidence.ckpts[ckpt]:.0%} of the budget"
+        parts += [f"## {title} ({ckpt})", "", markdown_table(*overview_table(evidence, summary, ckpt)), ""]
+        if ckpt == final:
+            parts += [f"- {line}" for line in calibration_lines(evidence, summary)]
+            parts += [f"- **Budget not matched:** {line}" for line in budget_warnings(evidence)] + [""]
+        parts += [f"- **Failed run, left out:** `{f['label']}` seed {f['seed']} ({f['stage']}): {f['error']} "
+                  f"(log: `{f['log']}`)" for f in evidence.failures]
+    return parts
+
+
+def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
+             figures: dict[str, Path], root: Path, n_resamples: int) -> str:
+    """The text of leaderboard.md; figure links are relative to ``root``, the folder it is written to."""
+    final = evidence.final_ckpt
+    parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", "",
+             protocol_note(evidence, resolved, n_resamples), ""]
+    parts += _checkpoint_sections(evidence, summary)
+    parts += [f"## Per benchmark ({final})", ""]
+    for bench in evidence.benches:
+        parts += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]
+    if reported:
+        parts += ["## Reported numbers", "", *reported_lines(reported, evidence), ""]
+    if figures:
+        parts += ["## Figures", ""]
+        parts += [f"![{name}]({path.relative_to(root).as_posix()})" for name, path in figures.items()] + [""]
+    parts += ["## Realised budget per run", "", markdown_table(*runs_table(evidence)), "",
+              "Tidy numbers: `leaderboard.csv`; per run, checkpoint and benchmark (naming the `results.json` whose "
+              "`samples.jsonl` holds the generations): `leaderboard_runs.csv`. Token highlights and provenance: "
+              "`report.html`.", ""]
+    return "\n".join(parts)

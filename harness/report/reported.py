@@ -1,0 +1,65 @@
+"""The papers' numbers: an optional ``configs/reported/<sweep name>.yaml`` (JSON is YAML too) holds what a paper
+reports, in percent, beside a protocol note (format in ``configs/reported/README.md``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config.schema import ConfigError
+
+REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers"}
+
+
+@dataclass
+class Reported:
+    """A paper's numbers (in percent) per method label and benchmark, with the protocol they were measured under."""
+
+    path: Path
+    source: str
+    metric: str
+    protocol: str
+    differences: list[str]
+    numbers: dict[str, dict[str, float]]
+
+    def get(self, label: str, bench: str) -> float | None:
+        return self.numbers.get(label, {}).get(bench)
+
+
+def _percentages(path: Path, numbers) -> dict[str, dict[str, float]]:
+    """``numbers``: method label -> {benchmark: percent in [0, 100]}; anything else raises naming the key."""
+    if not isinstance(numbers, dict):
+        raise ConfigError(f"{path}: key 'numbers' must map method label -> {{benchmark: percent}}")
+    clean: dict[str, dict[str, float]] = {}
+    for label, per_bench in numbers.items():
+        if not isinstance(per_bench, dict):
+            raise ConfigError(f"{path}: key 'numbers.{label}' must map benchmark -> percent")
+        for bench, value in per_bench.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
+                raise ConfigError(f"{path}: key 'numbers.{label}.{bench}': {value!r} is not a percentage in "
+                                  "[0, 100]")
+        clean[str(label)] = {str(b): float(v) for b, v in per_bench.items()}
+    return clean
+
+
+def load_reported(path: Path) -> Reported | None:
+    """Read ``configs/reported/<sweep>.yaml`` if it exists; a malformed file raises naming the key."""
+    import yaml
+
+    if not path.is_file():
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping with keys {sorted(REPORTED_KEYS)}")
+    unknown = set(raw) - REPORTED_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(REPORTED_KEYS)}")
+    numbers = _percentages(path, raw.get("numbers") or {})
+    differences = raw.get("differences") or []
+    if isinstance(differences, str) or not all(isinstance(d, str) for d in differences):
+        raise ConfigError(f"{path}: key 'differences' must be a list of strings")
+    return Reported(path, str(raw.get("source", "")), str(raw.get("metric", "")), str(raw.get("protocol", "")),
+                    list(differences), numbers)

@@ -1,0 +1,125 @@
+"""The leaderboard's tables as (header, body) of strings, one source for ``leaderboard.md`` and ``report.html``:
+the overview per checkpoint, one table per benchmark, and the realised budget per run."""
+
+from __future__ import annotations
+
+import math
+
+from harness.config.paths import WARMSTART_LABEL
+from harness.report.evidence import WARMSTART_CKPT, Evidence
+from harness.report.reported import Reported
+
+Table = tuple[list[str], list[list[str]]]  # (header, body rows)
+
+
+# --- cells --------------------------------------------------------------------------------------------------------
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.{digits}f}"
+
+
+def with_ci(row: dict, prefix: str = "", signed: bool = False) -> str:
+    """A summary row's estimate (or ``prefix`` statistic) in percent with its interval: ``61.2 [55.0, 67.1]``."""
+    stem = f"{prefix}_" if prefix else ""
+    estimate = row.get(prefix or "estimate")
+    if estimate is None:
+        return ""
+    sign = "+" if signed and estimate > 0 else ""
+    return f"{sign}{pct(estimate)} [{pct(row[f'{stem}ci_low'])}, {pct(row[f'{stem}ci_high'])}]"
+
+
+def probability(row: dict) -> str:
+    if row.get("p_improvement") is None:
+        return ""
+    return f"{row['p_improvement']:.2f} [{row['p_improvement_ci_low']:.2f}, {row['p_improvement_ci_high']:.2f}]"
+
+
+def number(value) -> str:
+    """A counter as text: integers without a decimal point, other floats to one decimal, None empty."""
+    if value is None:
+        return ""
+    return f"{value:.1f}" if isinstance(value, float) and not float(value).is_integer() else f"{value:g}"
+
+
+def select(summary: list[dict], **where) -> list[dict]:
+    """The summary rows whose columns equal ``where``'s values, in summary order."""
+    return [r for r in summary if all(r.get(k) == v for k, v in where.items())]
+
+
+def _spent_cells(row: dict) -> list[str]:
+    return [f"{row.get('spent/steps', 0):.0f}", f"{row.get('spent/tokens/generated', 0):.0f}"]
+
+
+def _verdict_cell(evidence: Evidence, row: dict) -> str:
+    return row.get("verdict") or ("baseline" if row["method"] == evidence.baseline else "")
+
+
+def _ranked_rows(evidence: Evidence, summary: list[dict], ckpt: str, **where) -> list[dict]:
+    """Rows at ``ckpt`` by rank then estimate; at the final checkpoint the warm start's reference row last."""
+    rows = sorted(select(summary, ckpt=ckpt, **where), key=lambda r: (r["rank"], -r["estimate"]))
+    if ckpt == evidence.final_ckpt:
+        rows += select(summary, ckpt=WARMSTART_CKPT, **where)
+    return rows
+
+
+# --- tables -------------------------------------------------------------------------------------------------------
+
+
+def overview_table(evidence: Evidence, summary: list[dict], ckpt: str) -> Table:
+    """Per method at one checkpoint: the benchmark-averaged avg@k, its IQM, the paired difference, per-benchmark."""
+    metric, baseline = evidence.avg_metric, evidence.baseline or "baseline"
+    header = ["rank", "method", "n_seeds", f"{metric} mean over benchmarks [95% CI]", "IQM [95% CI]",
+              f"Δ vs {baseline} [95% CI]", f"P(X > {baseline})", "verdict"] + [
+        f"{b} {metric}" for b in evidence.benches] + ["steps", "tokens generated"]
+    body = []
+    for row in _ranked_rows(evidence, summary, ckpt, metric=metric, bench="all", statistic="mean"):
+        reference = row["method"] == WARMSTART_LABEL
+        same = {"ckpt": row["ckpt"], "method": row["method"], "metric": metric}
+        iqm_row = select(summary, **same, bench="all", statistic="iqm")[0]
+        per_bench = [with_ci(select(summary, **same, bench=b)[0]) for b in evidence.benches]
+        body.append(["ref" if reference else str(row["rank"]),
+                     "warmstart (reference, step 0)" if reference else row["method"], str(row["n_seeds"]),
+                     with_ci(row), with_ci(iqm_row), with_ci(row, "diff", signed=True), probability(row),
+                     _verdict_cell(evidence, row), *per_bench, *_spent_cells(row)])
+    return header, body
+
+
+def bench_table(evidence: Evidence, summary: list[dict], ckpt: str, bench: str, reported: Reported | None) -> Table:
+    """Per method on one benchmark: avg@k and its Δ, greedy when evaluated, the paper's number when given."""
+    metric, baseline = evidence.avg_metric, evidence.baseline or "baseline"
+    has_greedy = "greedy" in evidence.metric_names
+    header = ["rank", "method", f"{metric} [95% CI]", f"Δ vs {baseline} [95% CI]", f"P(X > {baseline})", "verdict"]
+    header += ["greedy [95% CI]", "greedy Δ [95% CI]"] if has_greedy else []
+    header += ["reported"] if reported else []
+    header += ["n_seeds", "n_problems", "k", "steps", "tokens generated"]
+    body = []
+    for row in _ranked_rows(evidence, summary, ckpt, metric=metric, bench=bench):
+        reference = row["method"] == WARMSTART_LABEL
+        cells = ["ref" if reference else str(row["rank"]), "warmstart (reference)" if reference else row["method"],
+                 with_ci(row), with_ci(row, "diff", signed=True), probability(row), _verdict_cell(evidence, row)]
+        if has_greedy:
+            greedy = select(summary, ckpt=row["ckpt"], method=row["method"], metric="greedy", bench=bench)
+            cells += [with_ci(greedy[0]), with_ci(greedy[0], "diff", signed=True)] if greedy else ["", ""]
+        if reported:
+            cells.append("" if row["reported"] is None else pct(row["reported"]))
+        cells += [str(row["n_seeds"]), str(row["n_problems"]), str(row["k"]), *_spent_cells(row)]
+        body.append(cells)
+    return header, body
+
+
+def runs_table(evidence: Evidence) -> Table:
+    """Realised budget per run: run.json's budget and counters (every numeric key, so new counters appear)."""
+    counter_keys = sorted({k for run in evidence.runs.values() for k, v in run.get("counters", {}).items()
+                           if isinstance(v, int | float)})
+    budget_keys = sorted({k for run in evidence.runs.values() for k, v in run.get("budget", {}).items()
+                          if isinstance(v, int | float) and k != "amount"})
+    header = ["method", "seed", "run_seed", "budget"] + budget_keys + counter_keys + ["train seconds"]
+    body = []
+    for (label, seed), run in evidence.runs.items():
+        budget = run.get("budget", {})
+        cells = [label, str(seed), str(run.get("run_seed", "")), f"{budget.get('kind', '?')} = {budget.get('amount')}"]
+        cells += [number(budget.get(k)) for k in budget_keys] + [number(run["counters"].get(k)) for k in counter_keys]
+        cells.append(number(run.get("train_seconds")))
+        body.append(cells)
+    return header, body
