@@ -228,7 +228,8 @@ def spent_at(evidence: Evidence, label: str, seed: int, ckpt: str) -> dict[str, 
     return spent
 
 
-def _run_row(evidence: Evidence, label, seed, ckpt, bench, per_problem: dict, paths: SweepPaths) -> dict:
+def _run_row(evidence: Evidence, label: str, seed: int, ckpt: str, bench: str, per_problem: dict,
+             paths: SweepPaths) -> dict:
     """One row of leaderboard_runs.csv: results.json's numbers, the realised budget and the file they came from."""
     results = evidence.results[(label, seed, ckpt, bench)]
     k, metrics = results["k"], results["metrics"]

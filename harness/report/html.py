@@ -17,7 +17,10 @@ import statistics
 from pathlib import Path
 
 from harness.config.paths import WARMSTART_LABEL
+from harness.config.schema import Resolved
+from harness.report.evidence import Evidence
 from harness.report.markdown import budget_warnings, calibration_lines, protocol_note, reported_lines
+from harness.report.reported import Reported
 from harness.report.tables import bench_table, overview_table, runs_table, select, with_ci
 
 REPORT_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "seaborn")
@@ -119,6 +122,7 @@ def display_token(token: str) -> str:
 
 
 def token_span(text: str, weight: float, entropy: float | None, advantage: float | None, scale: float) -> str:
+    """One token, coloured by its weight (``scale`` maps to half intensity); the title holds its numbers."""
     parts = [f"weight {weight:.3g}"]
     if entropy is not None:
         parts.insert(0, f"entropy {entropy:.3f}")
@@ -134,6 +138,7 @@ def token_span(text: str, weight: float, entropy: float | None, advantage: float
 
 
 def highlight_rollout(batch: dict, row: int, label: str, output: dict | str) -> str:
+    """One method's weights on one rollout's completion tokens; ``output`` is its inspect output or an error."""
     if isinstance(output, str):
         return f"<div class='tokrow'><div class='label'>{esc(label)}</div><div class='error'>{esc(output)}</div></div>"
     mask = batch["completion_mask"][row]
@@ -153,6 +158,7 @@ def highlight_rollout(batch: dict, row: int, label: str, output: dict | str) -> 
 
 
 def highlights_section(batch_file: Path | None, inspected: dict[str, dict | str]) -> str:
+    """The chosen rollouts of the sample batch, each with every method's token weights beneath its prompt."""
     if batch_file is None:
         return ("<p class='note'>No <code>sample_batch.json</code> in the first run (written by the trainer at its "
                 "first step); rerun training to see token highlights.</p>")
@@ -186,7 +192,8 @@ def _distinct(values: list) -> list:
     return out
 
 
-def _versions_table(evidence) -> str:
+def _versions_table(evidence: Evidence) -> str:
+    """Package versions seen in training, evaluation and this report."""
     seen: dict[str, set[str]] = {}
     for run in evidence.runs.values():
         for name, version in run.get("provenance", {}).get("versions", {}).items():
@@ -203,66 +210,82 @@ def _versions_table(evidence) -> str:
     return table(["package", "version(s)"], body, None)
 
 
-def provenance_section(evidence) -> str:
-    runs = evidence.runs
-    parts = ["<h3>Methods: parameters and deviations from the papers</h3>"]
-    body = []
+def _methods_table(evidence: Evidence) -> str:
+    """Per label: the method, its parameters, the run seeds and the deviations from the paper it declares."""
+    runs, body = evidence.runs, []
     for label in evidence.labels:
-        run = runs[(label, evidence.seeds[0])]
-        method = run["method"]
+        method = runs[(label, evidence.seeds[0])]["method"]
         deviations = method.get("deviations") or []
         body.append([label, method["name"], json.dumps(method.get("params", {}), sort_keys=True),
                      ", ".join(str(runs[(label, s)].get("run_seed", s)) for s in evidence.seeds),
                      "; ".join(deviations) if deviations else "none declared"])
-    parts.append(table(["label", "method", "parameters", "run seeds", "deviations"], body, None))
+    return table(["label", "method", "parameters", "run seeds", "deviations"], body, None)
 
-    parts.append("<h3>Realised budget per run</h3>")
-    parts.append(table(*runs_table(evidence), None))
 
-    parts.append("<h3>Resolved configuration</h3>")
+def _configs(evidence: Evidence) -> str:
+    """Each distinct resolved config once, folded, naming the runs that used it."""
     configs: dict[str, list[str]] = {}
-    for (label, seed), run in runs.items():
+    for (label, seed), run in evidence.runs.items():
         configs.setdefault(run.get("config_yaml", ""), []).append(f"{label}/seed{seed}")
-    for text, names in configs.items():
-        parts.append(f"<details><summary>config of {esc(', '.join(names))}</summary><pre>{esc(text)}</pre></details>")
+    return "".join(f"<details><summary>config of {esc(', '.join(names))}</summary><pre>{esc(text)}</pre></details>"
+                   for text, names in configs.items())
 
-    parts.append("<h3>Code</h3>")
-    gits = _distinct([run.get("provenance", {}).get("git", {}) for run in runs.values()])
-    parts.append(table(["git commit", "dirty"], [[g.get("commit") or "unknown", str(g.get("dirty"))] for g in gits],
-                       None))
+
+def _code(evidence: Evidence) -> str:
+    gits = _distinct([run.get("provenance", {}).get("git", {}) for run in evidence.runs.values()])
+    out = table(["git commit", "dirty"], [[g.get("commit") or "unknown", str(g.get("dirty"))] for g in gits], None)
     if any(g.get("dirty") for g in gits):
-        parts.append("<p class='warn'>Some runs were trained from a working tree with uncommitted changes.</p>")
+        out += "<p class='warn'>Some runs were trained from a working tree with uncommitted changes.</p>"
+    return out
 
-    parts.append("<h3>Package versions</h3>")
-    parts.append(_versions_table(evidence))
 
-    parts.append("<h3>Data checksums (sha256)</h3>")
-    data_rows = []
-    for run in _distinct([r.get("provenance", {}).get("data_sha256", {}) for r in runs.values()]):
-        data_rows += [[f"train: {name}", digest] for name, digest in run.items()]
+def _data_checksums(evidence: Evidence) -> str:
+    """The training data of every run and each benchmark's file, with their sha256."""
+    rows = []
+    for run in _distinct([r.get("provenance", {}).get("data_sha256", {}) for r in evidence.runs.values()]):
+        rows += [[f"train: {name}", digest] for name, digest in run.items()]
     for bench in evidence.benches:
         pairs = _distinct([(r.get("data_file"), r.get("data_sha256")) for key, r in evidence.results.items()
                            if key[3] == bench])
-        data_rows += [[f"{bench}: {Path(str(f)).name}", str(d)] for f, d in pairs]
-    parts.append(table(["file", "sha256"], data_rows, None))
+        rows += [[f"{bench}: {Path(str(f)).name}", str(d)] for f, d in pairs]
+    return table(["file", "sha256"], rows, None)
 
-    parts.append("<h3>Evaluation protocol</h3>")
-    keys = ("backend", "device", "k", "temperature", "top_p", "max_gen_toks", "greedy", "scorer", "prompt_template",
-            "seed", "scoring_timeout_s")
-    protocol_rows = []
+
+EVAL_PROTOCOL_KEYS = ("backend", "device", "k", "temperature", "top_p", "max_gen_toks", "greedy", "scorer",
+                      "prompt_template", "seed", "scoring_timeout_s")
+
+
+def _eval_protocol(evidence: Evidence) -> str:
+    """Per benchmark, each distinct evaluation protocol found in its results.json files."""
+    rows = []
     for bench in evidence.benches:
-        for results in _distinct([{k: r.get(k) for k in keys} for key, r in evidence.results.items()
+        for results in _distinct([{k: r.get(k) for k in EVAL_PROTOCOL_KEYS} for key, r in evidence.results.items()
                                   if key[3] == bench]):
-            protocol_rows.append([bench] + [str(results.get(k)) for k in keys])
-    parts.append(table(["bench", *keys], protocol_rows, None))
-
-    parts.append("<h3>Hardware</h3>")
-    hardware = _distinct([run.get("provenance", {}).get("hardware", {}) for run in runs.values()])
-    parts += [f"<pre>{esc(json.dumps(h, indent=1, sort_keys=True))}</pre>" for h in hardware]
-    return "".join(parts)
+            rows.append([bench] + [str(results.get(k)) for k in EVAL_PROTOCOL_KEYS])
+    return table(["bench", *EVAL_PROTOCOL_KEYS], rows, None)
 
 
-def reported_section(reported, evidence, summary) -> str:
+def _hardware(evidence: Evidence) -> str:
+    hardware = _distinct([run.get("provenance", {}).get("hardware", {}) for run in evidence.runs.values()])
+    return "".join(f"<pre>{esc(json.dumps(h, indent=1, sort_keys=True))}</pre>" for h in hardware)
+
+
+def provenance_section(evidence: Evidence) -> str:
+    """What produced the numbers: methods, realised budgets, configs, code, packages, data, protocol, hardware."""
+    return "".join([
+        "<h3>Methods: parameters and deviations from the papers</h3>", _methods_table(evidence),
+        "<h3>Realised budget per run</h3>", table(*runs_table(evidence), None),
+        "<h3>Resolved configuration</h3>", _configs(evidence),
+        "<h3>Code</h3>", _code(evidence),
+        "<h3>Package versions</h3>", _versions_table(evidence),
+        "<h3>Data checksums (sha256)</h3>", _data_checksums(evidence),
+        "<h3>Evaluation protocol</h3>", _eval_protocol(evidence),
+        "<h3>Hardware</h3>", _hardware(evidence),
+    ])
+
+
+def reported_section(reported: Reported | None, evidence: Evidence, summary: list[dict]) -> str:
+    """The paper's numbers beside ours at the full budget, with its source and protocol differences."""
     if reported is None:
         return ("<p class='note'>No reported numbers for this sweep (an optional "
                 "<code>configs/reported/&lt;sweep&gt;.yaml</code>).</p>")
@@ -286,38 +309,52 @@ def reported_section(reported, evidence, summary) -> str:
 # --- the page -----------------------------------------------------------------------------------------------------
 
 
-def render(evidence, resolved, summary, reported, figures: dict[str, Path], batch_file: Path | None,
-           inspected: dict[str, dict | str], n_resamples: int) -> str:
-    final = evidence.final_ckpt
-    title = f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})"
-    sections = [("leaderboard", "Leaderboard"), ("benchmarks", "Per benchmark"), ("figures", "Figures"),
-                ("tokens", "Token highlights"), ("reported", "Reported numbers"), ("provenance", "Provenance")]
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{esc(title)}</h1>",
-             "<nav>" + "".join(f"<a href='#{key}'>{esc(name)}</a>" for key, name in sections) + "</nav>",
-             f"<p class='note'>{esc(protocol_note(evidence, resolved, n_resamples).replace('**', ''))}</p>"]
+SECTIONS = [("leaderboard", "Leaderboard"), ("benchmarks", "Per benchmark"), ("figures", "Figures"),
+            ("tokens", "Token highlights"), ("reported", "Reported numbers"), ("provenance", "Provenance")]
+
+
+def _head(title: str) -> list[str]:
+    return ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+            f"<h1>{esc(title)}</h1>",
+            "<nav>" + "".join(f"<a href='#{key}'>{esc(name)}</a>" for key, name in SECTIONS) + "</nav>"]
+
+
+def _notes(evidence: Evidence, resolved: Resolved, summary: list[dict], n_resamples: int) -> list[str]:
+    """The protocol note, A/A calibration, unmatched budgets and failed runs: leaderboard.md's notes."""
+    parts = [f"<p class='note'>{esc(protocol_note(evidence, resolved, n_resamples).replace('**', ''))}</p>"]
     calibration = calibration_lines(evidence, summary)
     parts += [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
     parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in budget_warnings(evidence)]
     parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
               f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]
+    return parts
 
-    parts.append("<h2 id='leaderboard'>Leaderboard</h2>")
+
+def _tables(evidence: Evidence, summary: list[dict], reported: Reported | None) -> list[str]:
+    """The overview per checkpoint (latest first), then one table per benchmark at the full budget."""
+    final = evidence.final_ckpt
+    parts = ["<h2 id='leaderboard'>Leaderboard</h2>"]
     for ckpt in reversed(list(evidence.ckpts)):
         name = "Full budget" if ckpt == final else f"{evidence.ckpts[ckpt]:.0%} of the budget"
         parts += [f"<h3>{esc(name)} ({esc(ckpt)})</h3>", table(*overview_table(evidence, summary, ckpt))]
-
     parts.append(f"<h2 id='benchmarks'>Per benchmark ({esc(final)})</h2>")
     for bench in evidence.benches:
         parts += [f"<h3>{esc(bench)}</h3>", table(*bench_table(evidence, summary, final, bench, reported))]
+    return parts
 
+
+def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
+           figures: dict[str, Path], batch_file: Path | None, inspected: dict[str, dict | str],
+           n_resamples: int) -> str:
+    """The whole page; ``inspected`` maps each label to its ``harness inspect`` output on ``batch_file`` (or an
+    error message)."""
+    title = f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})"
+    parts = _head(title) + _notes(evidence, resolved, summary, n_resamples) + _tables(evidence, summary, reported)
     parts.append("<h2 id='figures'>Figures</h2>")
-    for name, path in figures.items():
-        parts.append(f"<figure>{image(path, name)}<figcaption>{esc(FIGURE_CAPTIONS.get(name, name))}</figcaption>"
-                     "</figure>")
-
+    parts += [f"<figure>{image(path, name)}<figcaption>{esc(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>"
+              for name, path in figures.items()]
     parts += ["<h2 id='tokens'>Token highlights</h2>", highlights_section(batch_file, inspected)]
     parts += ["<h2 id='reported'>Reported numbers</h2>", reported_section(reported, evidence, summary)]
     parts += ["<h2 id='provenance'>Provenance</h2>", provenance_section(evidence)]

@@ -9,8 +9,7 @@ Outputs under ``results/<sweep>/``:
     highlights on fixed rollouts, reported numbers and provenance (``harness.report.html``);
   * ``figures/*.png``: the figures of the report (``harness.report.plots``).
 
-Inside ``harness/report`` imports run one way: bootstrap -> evidence -> reported -> summary -> tables -> markdown ->
-html, plots -> leaderboard.
+The modules behind it, in their one-way import order, are listed in ``harness/report/__init__.py``.
 """
 
 from __future__ import annotations
