@@ -1,0 +1,290 @@
+"""Power: the variance components of a paired difference, the smallest effect a sweep of S seeds detects, and the
+seeds (and GPU-hours) a given effect needs. Pure functions over numpy arrays, plus ``read_pilot`` and
+``power_report`` for ``harness power``.
+
+Model (the one behind ``bootstrap.crossed_variance``): a paired difference cell d_sp = delta + a_s + b_p + e_sp,
+with seed (training randomness), problem (the method x problem interaction) and residual (sampling of the k
+completions and seed x problem) components. Estimated from one (S, P) matrix per benchmark by ANOVA moments:
+
+    sigma_e^2 = MS_resid,   sigma_b^2 = max(0, (MS_problem - MS_resid) / S),
+    sigma_A^2 = max(0, var_s(R_s) - sum_b w^2 sigma_e,b^2 / P_b)        (R_s: benchmark-averaged row of seed s)
+
+so that, with the same benchmarks, a sweep of S seeds has
+
+    V(S) = sigma_A^2 / S + sum_b w^2 (sigma_b,b^2 / P_b + sigma_e,b^2 / (S P_b)),
+
+split into the seed part (sigma_A^2 + sum_b w^2 sigma_e,b^2 / P_b) / S and the problem part, as the interval splits
+it. The verdict "reproduced" is "the 95% interval excludes 0 on the claimed side"; its power at a true effect delta
+is ``power_at`` (a noncentral t), and the minimum detectable effect (MDE) is the delta where that reaches 80%.
+tests/test_power.py checks the formula against simulated sweeps.
+
+Only per-seed accuracies (``results.json``, no ``samples.jsonl``, as in the committed results/example/): the
+per-seed rows give var_s(R_s) but not its split into seed and problem-level parts, so sigma_A^2 = var_s(R_s) at the
+pilot's problem counts and the problem term is taken as 0. For an A/A pair (two labels of one method) the problem
+term is 0 in expectation anyway; for a method whose effect varies across problems it is a floor that more seeds
+do not lower, which this path cannot see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as scipy_stats
+
+from harness.report import bootstrap as stats
+
+POWER = 0.80
+MAX_SEEDS = 200  # ``seeds_needed`` gives up beyond this (the problem term alone may never get there)
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """Variance components of a paired difference (in accuracy fractions^2), benchmarks weighted 1/M.
+
+    ``seed``: of the benchmark-averaged seed effect; ``problem`` and ``residual``: per benchmark;
+    ``n_problems``: per benchmark; ``n_seeds``: the pilot's S (what the components were estimated from).
+    """
+
+    seed: float
+    problem: Mapping[str, float]
+    residual: Mapping[str, float]
+    n_problems: Mapping[str, int]
+    n_seeds: int
+
+    @property
+    def weight(self) -> float:
+        return 1.0 / len(self.n_problems)
+
+    def restrict(self, bench: str) -> VarianceComponents:
+        """The components of one benchmark alone (its seed component is not separable from the others' in the
+        aggregate; use ``variance_components`` on that benchmark for it)."""
+        return VarianceComponents(self.seed, {bench: self.problem[bench]}, {bench: self.residual[bench]},
+                                  {bench: self.n_problems[bench]}, self.n_seeds)
+
+
+def variance_components(differences: Mapping[str, np.ndarray]) -> VarianceComponents:
+    """Components from paired-difference matrices {bench: (S, P_b)} with S >= 2 (module docstring)."""
+    benches = sorted(differences)
+    n_seeds = differences[benches[0]].shape[0]
+    if n_seeds < 2:
+        raise ValueError("variance_components: one seed shows no seed-to-seed variance; a pilot needs >= 2 seeds")
+    w = 1.0 / len(benches)
+    problem, residual, n_problems = {}, {}, {}
+    for bench in benches:
+        x = differences[bench]
+        n = x.shape[1]
+        columns = x.mean(axis=0)
+        resid = x - x.mean(axis=1, keepdims=True) - columns + x.mean()
+        ms_resid = float((resid**2).sum()) / ((n_seeds - 1) * max(n - 1, 1))
+        ms_problem = n_seeds * float(columns.var(ddof=1)) if n > 1 else 0.0
+        residual[bench], problem[bench], n_problems[bench] = ms_resid, max(0.0, (ms_problem - ms_resid) / n_seeds), n
+    rows = np.mean([differences[b].mean(axis=1) for b in benches], axis=0)
+    seed = max(0.0, float(rows.var(ddof=1)) - sum(w**2 * residual[b] / n_problems[b] for b in benches))
+    return VarianceComponents(seed, problem, residual, n_problems, n_seeds)
+
+
+def components_from_seed_means(rows: Mapping[str, np.ndarray], n_problems: Mapping[str, int]) -> VarianceComponents:
+    """Components from per-seed mean differences only ({bench: (S,)}): the seed-level variance of the
+    benchmark-averaged rows, at the pilot's problem counts; problem and residual terms 0 (module docstring)."""
+    benches = sorted(rows)
+    n_seeds = len(rows[benches[0]])
+    if n_seeds < 2:
+        raise ValueError("components_from_seed_means: a pilot needs >= 2 seeds")
+    averaged = np.mean([np.asarray(rows[b], dtype=float) for b in benches], axis=0)
+    zeros = {b: 0.0 for b in benches}
+    return VarianceComponents(float(averaged.var(ddof=1)), zeros, dict(zeros), {b: n_problems[b] for b in benches},
+                              n_seeds)
+
+
+def mean_variance(components: VarianceComponents, n_seeds: int) -> stats.CrossedVariance:
+    """The expected seed and problem parts of the variance of the benchmark-averaged paired difference with
+    ``n_seeds`` seeds (what ``bootstrap.crossed_variance`` estimates from such a sweep)."""
+    w = components.weight
+    residual = sum(w**2 * components.residual[b] / n for b, n in components.n_problems.items())
+    problem = sum(w**2 * components.problem[b] / n for b, n in components.n_problems.items())
+    return stats.CrossedVariance((components.seed + residual) / n_seeds, max(n_seeds - 1, 1), problem,
+                                 max(1, min(components.n_problems.values()) - 1))
+
+
+def power_at(effect: float, variance: stats.CrossedVariance, confidence: float = stats.CONFIDENCE) -> float:
+    """P(the interval's low end > 0) at a true paired effect ``effect`` > 0.
+
+    The interval's half-width in units of the total standard error is c = half_width / sqrt(V); the estimate over
+    its estimated standard error is taken as noncentral t with the Satterthwaite degrees of freedom of the two parts,
+    nu = V^2 / (seed^2 / (S - 1) + problem^2 / (P - 1)): exact when either part dominates (a seed-level t test, or
+    the normal test over problems), an approximation between, checked by simulation in tests/test_power.py.
+    """
+    total = variance.total
+    if total <= 0:
+        return 1.0 if effect > 0 else 0.0
+    critical = variance.half_width((1 - confidence) / 2) / math.sqrt(total)
+    df = total**2 / (variance.seed**2 / variance.seed_df + variance.problem**2 / variance.problem_df)
+    return float(scipy_stats.nct.sf(critical, df, effect / math.sqrt(total)))
+
+
+def detectable_effect(components: VarianceComponents, n_seeds: int, power: float = POWER,
+                      confidence: float = stats.CONFIDENCE) -> float:
+    """The smallest paired effect (fraction) the verdict calls at ``power`` with ``n_seeds`` seeds (>= 2)."""
+    if n_seeds < 2:
+        raise ValueError("detectable_effect: one seed cannot separate a method effect from training randomness")
+    variance = mean_variance(components, n_seeds)
+    if variance.total <= 0:
+        return 0.0
+    scale = math.sqrt(variance.total)
+    return scale * optimize.brentq(lambda nc: power_at(nc * scale, variance, confidence) - power, 0.0, 1e4)
+
+
+def seeds_needed(components: VarianceComponents, effect: float, power: float = POWER,
+                 confidence: float = stats.CONFIDENCE, max_seeds: int = MAX_SEEDS) -> int | None:
+    """The smallest S >= 2 whose detectable effect is <= ``effect`` (fraction); None if none up to ``max_seeds``."""
+    for n_seeds in range(2, max_seeds + 1):
+        if detectable_effect(components, n_seeds, power, confidence) <= effect:
+            return n_seeds
+    return None
+
+
+# --- a pilot sweep on disk, for ``harness power`` -----------------------------------------------------------------
+
+
+@dataclass
+class Pilot:
+    """Per-seed (and, where ``samples.jsonl`` exist, per-problem) scores of a finished sweep at its last checkpoint."""
+
+    root: Path
+    labels: list[str]
+    seeds: list[int]
+    ckpt: str
+    benches: list[str]
+    methods: dict[str, tuple[str, str]]  # label -> (method name, params as JSON): A/A pairs share it
+    seed_means: dict[tuple[str, str], np.ndarray]  # (label, bench) -> (S,) accuracy per seed (avg@k)
+    matrices: dict[tuple[str, str], np.ndarray]  # (label, bench) -> (S, P); empty without samples.jsonl
+    n_problems: dict[str, int]
+
+    def aa_pairs(self) -> list[tuple[str, str]]:
+        return [(b, a) for i, a in enumerate(self.labels) for b in self.labels[i + 1:]
+                if self.methods[a] == self.methods[b]]
+
+    def components(self, label: str, baseline: str, benches: Sequence[str] | None = None) -> VarianceComponents:
+        """Components of label - baseline over ``benches`` (default all): per problem if the samples are there."""
+        benches = list(benches or self.benches)
+        if all((lab, b) in self.matrices for lab in (label, baseline) for b in benches):
+            return variance_components({b: self.matrices[(label, b)] - self.matrices[(baseline, b)] for b in benches})
+        return components_from_seed_means({b: self.seed_means[(label, b)] - self.seed_means[(baseline, b)]
+                                           for b in benches}, self.n_problems)
+
+
+    def pooled_components(self, benches: Sequence[str] | None = None) -> VarianceComponents:
+        """Components of the difference of two independent labels of one method (an A/A pair), pooled over the
+        seeds of every label: each label's seed-to-seed (and residual) variance, averaged over labels, times 2.
+        With L labels this has L (S - 1) degrees of freedom where one A/A pair has S - 1. The problem term is 0
+        (two labels of one method share the problems' effects)."""
+        benches = list(benches or self.benches)
+        if all((lab, b) in self.matrices for lab in self.labels for b in benches):
+            each = [variance_components({b: self.matrices[(lab, b)] for b in benches}) for lab in self.labels]
+            seed = 2 * float(np.mean([c.seed for c in each]))
+            residual = {b: 2 * float(np.mean([c.residual[b] for c in each])) for b in benches}
+        else:
+            rows = [np.mean([self.seed_means[(lab, b)] for b in benches], axis=0) for lab in self.labels]
+            seed = 2 * float(np.mean([r.var(ddof=1) for r in rows]))
+            residual = {b: 0.0 for b in benches}
+        return VarianceComponents(seed, {b: 0.0 for b in benches}, residual,
+                                  {b: self.n_problems[b] for b in benches}, len(self.seeds))
+
+
+def read_pilot(root: Path) -> Pilot:
+    """A finished sweep folder (``results/<sweep>/``, or the committed ``results/example/``): its ``sweep.yaml``
+    names the labels and seeds; the last checkpoint every run was evaluated at is used."""
+    sweep_file = root / "sweep.yaml"
+    if not sweep_file.is_file():
+        raise FileNotFoundError(f"power: {sweep_file} is missing; point --pilot at a finished sweep's results folder")
+    sweep = json.loads(sweep_file.read_text(encoding="utf-8"))
+    labels, seeds = list(sweep["methods"]), list(sweep["seeds"])
+    runs = [(lab, s) for lab in labels for s in seeds]
+    first = root / "eval" / labels[0] / f"seed{seeds[0]}"
+    ckpts = sorted(p.name for p in first.glob("ckpt-*")) if first.is_dir() else []
+    ckpts = [c for c in ckpts if all((root / "eval" / lab / f"seed{s}" / c).is_dir() for lab, s in runs)]
+    if not ckpts:
+        raise FileNotFoundError(f"power: no checkpoint of {root} is evaluated for every label and seed")
+    ckpt = ckpts[-1]
+    benches = sorted(p.name for p in (first / ckpt).iterdir() if (p / "results.json").is_file())
+    methods, seed_means, matrices, n_problems = {}, {}, {}, {}
+    for label in labels:
+        run = json.loads((root / "runs" / label / f"seed{seeds[0]}" / "run.json").read_text(encoding="utf-8"))
+        methods[label] = (run["method"]["name"], json.dumps(run["method"].get("params", {}), sort_keys=True))
+        for bench in benches:
+            folders = [root / "eval" / label / f"seed{s}" / ckpt / bench for s in seeds]
+            results = [json.loads((f / "results.json").read_text(encoding="utf-8")) for f in folders]
+            seed_means[(label, bench)] = np.array([r["metrics"][f"avg@{r['k']}"] for r in results])
+            n_problems[bench] = int(results[0]["n_problems"])
+            if all((f / "samples.jsonl").is_file() for f in folders):
+                per_seed = [stats.per_problem_scores(json.loads(line) for line in (f / "samples.jsonl").open()
+                                                     if line.strip()) for f in folders]
+                matrices[(label, bench)] = per_seed
+    # per-problem matrices on the problems every run scored (as the report pairs them)
+    for bench in benches:
+        cells = [matrices.get((lab, bench)) for lab in labels]
+        if all(c is not None for c in cells):
+            common = sorted(set.intersection(*(set(s) for c in cells for s in c)))
+            for label in labels:
+                matrices[(label, bench)] = stats.score_matrix(matrices[(label, bench)], common)
+        else:
+            for label in labels:
+                matrices.pop((label, bench), None)
+    return Pilot(root, labels, seeds, ckpt, benches, methods, seed_means, matrices, n_problems)
+
+
+def with_seeds(resolved, n_seeds: int):
+    """The resolved sweep with seeds 0..n-1 (for ``harness plan``'s arithmetic at another seed count)."""
+    return dataclasses.replace(resolved, sweep=dataclasses.replace(resolved.sweep, seeds=list(range(n_seeds))))
+
+
+def gpu_hours(resolved, n_seeds: int) -> float:
+    """Total GPU-hours of the sweep run with ``n_seeds`` seeds: ``harness.ops.resources.plan`` at that count."""
+    from harness.ops.resources import plan
+
+    return sum(row.gpu_hours for row in plan(with_seeds(resolved, n_seeds)))
+
+
+def power_report(pilot: Pilot, pairs: Sequence[tuple[str, str] | None], effects_points: Sequence[float],
+                 resolved=None, power: float = POWER) -> str:
+    """The text ``harness power`` prints: per pair (None: two labels of one method, pooled over every label's
+    seeds), the components, the MDE at the pilot's S and at a few more, and for each effect the seeds needed and
+    (with ``resolved``) the GPU-hours of the sweep at that seed count."""
+    n = len(pilot.seeds)
+    basis = "per-problem scores" if pilot.matrices else "per-seed accuracies only (no samples.jsonl)"
+    lines = [f"pilot {pilot.root} at {pilot.ckpt}: {len(pilot.labels)} labels x {n} seeds, benchmarks "
+             + ", ".join(f"{b} ({pilot.n_problems[b]} problems)" for b in pilot.benches) + f"; from {basis}",
+             f"power {power:.0%}, verdict 'reproduced' = the 95% interval excludes 0 on the claimed side", ""]
+    for pair in pairs:
+        name = (f"{pair[0]} - {pair[1]}" if pair else
+                f"A/A (two labels of one method; seed spread pooled over {len(pilot.labels)} labels)")
+        for scope in [*pilot.benches, "mean"]:
+            benches = None if scope == "mean" else [scope]
+            comp = pilot.components(*pair, benches) if pair else pilot.pooled_components(benches)
+            residual = max(comp.residual.values())
+            lines.append(f"{name}, {scope}: seed sd {100 * math.sqrt(comp.seed):.2f} pts, problem sd "
+                         f"{100 * math.sqrt(max(comp.problem.values())):.2f}, residual sd "
+                         f"{100 * math.sqrt(residual):.2f}; detectable effect with {n} seeds "
+                         f"{100 * detectable_effect(comp, max(n, 2), power):.1f} pts" + "".join(
+                             f", {s} seeds {100 * detectable_effect(comp, s, power):.1f}" for s in (3, 5, 10)
+                             if s > n))
+            for effect in effects_points:
+                needed = seeds_needed(comp, effect / 100, power)
+                if needed is None:
+                    lines.append(f"  effect {effect:g} pts: not within {MAX_SEEDS} seeds")
+                    continue
+                cost = ""
+                if resolved is not None:
+                    cost = (f"; sweep {resolved.sweep.name!r} with {needed} seeds: "
+                            f"{gpu_hours(resolved, needed):.0f} GPU-hours (now {len(resolved.sweep.seeds)} seeds: "
+                            f"{gpu_hours(resolved, len(resolved.sweep.seeds)):.0f})")
+                lines.append(f"  effect {effect:g} pts: {needed} seeds{cost}")
+        lines.append("")
+    return "\n".join(lines)

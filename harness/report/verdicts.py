@@ -1,0 +1,279 @@
+"""Reproduction verdicts per paper claim: what a paper says (``claims`` in configs/reported/<sweep>.yaml), judged by
+the sweep's paired difference and its 95% interval at the full budget, per comparison and with Holm's family-wise
+correction over the sweep's claims. Pure functions; the report renders them.
+
+A claim: ``method`` vs ``baseline`` (labels of the sweep), on a ``benchmark`` or ``mean`` (the unweighted mean over
+the sweep's benchmarks), ``metric`` ``avg@k`` (our sampled accuracy, whatever k) or ``greedy``, the paper's
+``difference`` in points, ``kind`` ``improvement`` or ``parity``, and ``where`` the paper says it.
+
+Verdicts, from the interval I of the paired difference (method - baseline) and the paper's difference delta:
+
+- improvement (delta > 0):  reproduced    I excludes 0 on the claimed side (low > 0); when I also excludes delta the
+                                          effect is there but smaller than the paper's, which the reason says;
+                            contradicted  I excludes delta (high < delta): no effect as large as claimed, or the
+                                          opposite sign (high < 0);
+                            inconclusive  I covers both 0 and delta: the reason gives the effect this sweep detects
+                                          at 80% power (``harness.report.power``).
+- parity, margin m:         reproduced    I inside (-m, m): equivalent (two one-sided tests at 2.5% each, TOST);
+                            contradicted  I entirely beyond +m or -m: a difference larger than the margin;
+                            inconclusive  otherwise.
+
+The parity margin is ``PARITY_MARGIN_POINTS`` = 1 point of accuracy unless a claim sets ``margin``: below every
+improvement the papers in configs/reported claim on their mean (+1.1 to +4.5 points) except 80/20's +0.5 at 8B,
+so "equivalent" cannot hide a gain of the size these papers report as one.
+
+Each verdict is a pair of one-sided t tests on the interval's estimate, se and df (``bootstrap.p_value``): p_reproduce
+(H0: delta <= 0; parity: |delta| >= m) and p_contradict (H0: delta >= claimed; parity: |delta| <= m); a verdict is
+called at p < 0.025, which is exactly "the 95% interval excludes ...". Holm (1979, Scand. J. Statist. 6(2)) adjusts
+each of the two p-value families over all claims of the sweep: p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.config.schema import ConfigError
+from harness.report import bootstrap as stats
+from harness.report import power
+
+KINDS = ("improvement", "parity")
+METRICS = ("avg@k", "greedy")
+MEAN = "mean"  # the claim's benchmark for the unweighted mean over the sweep's benchmarks
+PARITY_MARGIN_POINTS = 1.0
+DEFAULT_CLAIM_POINTS = 2.0  # the default sweep's stand-in claim: each method improves the mean by 2 points
+DEFAULT_BASELINE = "uniform"
+CLAIM_REQUIRED = {"method", "benchmark", "metric", "difference", "kind", "where"}
+CLAIM_KEYS = CLAIM_REQUIRED | {"baseline", "margin"}
+ALPHA_ONE_SIDED = (1 - stats.CONFIDENCE) / 2  # 0.025: the 95% interval's side
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One comparison a paper makes; ``difference`` and ``margin`` in points of accuracy."""
+
+    method: str
+    baseline: str
+    benchmark: str  # a benchmark name or MEAN
+    metric: str  # "avg@k" or "greedy"
+    difference: float
+    kind: str  # "improvement" or "parity"
+    where: str
+    margin: float = PARITY_MARGIN_POINTS
+
+    def describe(self) -> str:
+        scope = "mean over benchmarks" if self.benchmark == MEAN else self.benchmark
+        if self.kind == "parity":
+            return (f"{self.method} matches {self.baseline} on {scope} ({self.metric}; paper {self.difference:+.2f} "
+                    f"pts, margin ±{self.margin:g})")
+        return f"{self.method} beats {self.baseline} on {scope} by {self.difference:+.2f} pts ({self.metric})"
+
+
+def parse_claims(path: Path, raw) -> list[Claim]:
+    """The ``claims`` list of a reported-numbers file; every error names the file and the key."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: key 'claims' must be a list of mappings with keys {sorted(CLAIM_KEYS)}")
+    claims = []
+    for i, entry in enumerate(raw):
+        key = f"claims[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: key '{key}' must be a mapping with keys {sorted(CLAIM_KEYS)}")
+        missing, unknown = CLAIM_REQUIRED - set(entry), set(entry) - CLAIM_KEYS
+        if missing:
+            raise ConfigError(f"{path}: key '{key}' lacks {sorted(missing)}; required: {sorted(CLAIM_REQUIRED)}")
+        if unknown:
+            raise ConfigError(f"{path}: key '{key}' has unknown key(s) {sorted(unknown)}; allowed: "
+                              f"{sorted(CLAIM_KEYS)}")
+        for name in ("method", "baseline", "benchmark", "where"):
+            if name in entry and (not isinstance(entry[name], str) or not entry[name].strip()):
+                raise ConfigError(f"{path}: key '{key}.{name}': {entry[name]!r} is not a non-empty string")
+        if entry["metric"] not in METRICS:
+            raise ConfigError(f"{path}: key '{key}.metric': {entry['metric']!r}; allowed: {list(METRICS)}")
+        if entry["kind"] not in KINDS:
+            raise ConfigError(f"{path}: key '{key}.kind': {entry['kind']!r}; allowed: {list(KINDS)}")
+        for name in ("difference", "margin"):
+            value = entry.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+                raise ConfigError(f"{path}: key '{key}.{name}': {value!r} is not a number of points in [-100, 100]")
+        margin = float(entry.get("margin", PARITY_MARGIN_POINTS))
+        if "margin" in entry and entry["kind"] != "parity":
+            raise ConfigError(f"{path}: key '{key}.margin' applies to kind 'parity' only")
+        if entry["kind"] == "improvement" and not entry["difference"] > 0:
+            raise ConfigError(f"{path}: key '{key}.difference': an improvement claim needs a difference > 0 points, "
+                              f"got {entry['difference']!r}")
+        if entry["kind"] == "parity" and not (margin > 0 and abs(entry["difference"]) < margin):
+            raise ConfigError(f"{path}: key '{key}.margin': a parity claim needs margin > 0 and |difference| < "
+                              f"margin, got margin {margin!r}, difference {entry['difference']!r}")
+        baseline = entry.get("baseline", DEFAULT_BASELINE)
+        if baseline == entry["method"]:
+            raise ConfigError(f"{path}: key '{key}.baseline': the same label as its method ({baseline!r})")
+        claims.append(Claim(entry["method"], baseline, entry["benchmark"], entry["metric"],
+                            float(entry["difference"]), entry["kind"], entry["where"].strip(), margin))
+    return claims
+
+
+def default_claims(labels: Sequence[str], method_names: Mapping[str, str], baseline: str | None) -> list[Claim]:
+    """Stand-in claims for a sweep without a paper (the default sweep): each label against the baseline on the
+    mean over benchmarks; an improvement of DEFAULT_CLAIM_POINTS for a label of another method, parity for a label
+    of the baseline's own method (the A/A pair)."""
+    if baseline is None:
+        return []
+    claims = []
+    for label in labels:
+        if label == baseline:
+            continue
+        if method_names.get(label) == method_names.get(baseline):
+            claims.append(Claim(label, baseline, MEAN, "avg@k", 0.0, "parity",
+                                "harness default (no paper): an A/A pair must be equivalent"))
+        else:
+            claims.append(Claim(label, baseline, MEAN, "avg@k", DEFAULT_CLAIM_POINTS, "improvement",
+                                f"harness default (no paper): a {DEFAULT_CLAIM_POINTS:g}-point gain on the mean"))
+    return claims
+
+
+# --- judging ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim judged on the sweep. ``interval`` and ``detectable`` in accuracy fractions (None: not evaluated, or
+    one seed); ``holm``: the verdict under Holm's correction over the sweep's claims (``with_holm``)."""
+
+    claim: Claim
+    verdict: str  # reproduced / contradicted / inconclusive / not evaluated
+    reason: str
+    interval: stats.Interval | None = None
+    detectable: float | None = None
+    p_reproduce: float = math.nan
+    p_contradict: float = math.nan
+    holm: str = ""
+    holm_p_reproduce: float = math.nan
+    holm_p_contradict: float = math.nan
+
+
+def claim_pvalues(claim: Claim, interval: stats.Interval) -> tuple[float, float]:
+    """(p_reproduce, p_contradict), one-sided (module docstring)."""
+    delta, margin = claim.difference / 100, claim.margin / 100
+    if claim.kind == "improvement":
+        return stats.p_value(interval, 0.0, "greater"), stats.p_value(interval, delta, "less")
+    equivalent = max(stats.p_value(interval, -margin, "greater"), stats.p_value(interval, margin, "less"))
+    beyond = min(stats.p_value(interval, margin, "greater"), stats.p_value(interval, -margin, "less"))
+    return equivalent, beyond
+
+
+def decide(claim: Claim, interval: stats.Interval, p_reproduce: float, p_contradict: float,
+           detectable: float | None) -> tuple[str, str]:
+    """(verdict, reason) from the two p-values at ALPHA_ONE_SIDED."""
+    points = f"{claim.difference:+.2f}"
+    if claim.kind == "improvement":
+        if p_reproduce < ALPHA_ONE_SIDED:
+            smaller = p_contradict < ALPHA_ONE_SIDED
+            return "reproduced", "interval excludes 0" + (f", but also the paper's {points}: a smaller effect"
+                                                          if smaller else "")
+        if p_contradict < ALPHA_ONE_SIDED:
+            if interval.estimate < 0 and p_reproduce > 1 - ALPHA_ONE_SIDED:
+                return "contradicted", "interval below 0: the opposite of the claim"
+            return "contradicted", f"interval excludes the paper's {points}"
+    else:
+        if p_reproduce < ALPHA_ONE_SIDED:
+            return "reproduced", f"interval inside ±{claim.margin:g} pts: equivalent"
+        if p_contradict < ALPHA_ONE_SIDED:
+            return "contradicted", f"interval beyond ±{claim.margin:g} pts: not equivalent"
+    if detectable is None:
+        return "inconclusive", "one seed: no seed-to-seed variance, no detectable effect"
+    covers = "0 and the paper's " + points if claim.kind == "improvement" else f"the margin ±{claim.margin:g}"
+    return "inconclusive", (f"interval covers {covers}; this sweep detects {100 * detectable:.1f} pts at "
+                            f"{power.POWER:.0%} power")
+
+
+def claim_differences(claim: Claim, scores: Mapping[tuple[str, str, str, str], np.ndarray], benches: Sequence[str],
+                      ckpt: str, avg_metric: str) -> dict[str, np.ndarray] | None:
+    """{bench: (S, P) method - baseline} for the claim's scope, or None if the sweep lacks any of it."""
+    metric = avg_metric if claim.metric == "avg@k" else "greedy"
+    scope = list(benches) if claim.benchmark == MEAN else [claim.benchmark]
+    keys = [(label, ckpt, b, metric) for label in (claim.method, claim.baseline) for b in scope]
+    if not scope or any(key not in scores for key in keys):
+        return None
+    return {b: scores[(claim.method, ckpt, b, metric)] - scores[(claim.baseline, ckpt, b, metric)] for b in scope}
+
+
+def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None) -> Verdict:
+    """The per-comparison verdict of one claim from its paired-difference matrices."""
+    if differences is None:
+        return Verdict(claim, "not evaluated", "the sweep has no scores for this method, baseline, benchmark or "
+                                               "metric at the full budget")
+    estimate = float(np.mean([d.mean() for d in differences.values()]))
+    interval = stats.t_interval(estimate, stats.crossed_variance(differences), bounds=stats.DIFFERENCE_RANGE)
+    n_seeds = next(iter(differences.values())).shape[0]
+    detectable = (power.detectable_effect(power.variance_components(differences), n_seeds)
+                  if n_seeds > 1 else None)
+    p_reproduce, p_contradict = claim_pvalues(claim, interval)
+    verdict, reason = decide(claim, interval, p_reproduce, p_contradict, detectable)
+    return Verdict(claim, verdict, reason, interval, detectable, p_reproduce, p_contradict)
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    m = len(p)
+    stepped = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(stepped)
+    return adjusted.tolist()
+
+
+def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The verdicts with Holm's family-wise version beside them (family: the evaluated claims of one sweep)."""
+    judged = [i for i, v in enumerate(verdicts) if v.interval is not None]
+    out = list(verdicts)
+    if not judged:
+        return out
+    reproduce = holm_adjust([verdicts[i].p_reproduce for i in judged])
+    contradict = holm_adjust([verdicts[i].p_contradict for i in judged])
+    for i, p_rep, p_con in zip(judged, reproduce, contradict, strict=True):
+        v = verdicts[i]
+        holm, _ = decide(v.claim, v.interval, p_rep, p_con, v.detectable)
+        out[i] = dataclasses.replace(v, holm=holm, holm_p_reproduce=p_rep, holm_p_contradict=p_con)
+    return out
+
+
+def judge_claims(claims: Sequence[Claim], scores: Mapping[tuple[str, str, str, str], np.ndarray],
+                 benches: Sequence[str], ckpt: str, avg_metric: str) -> list[Verdict]:
+    """Every claim judged at ``ckpt`` (the full budget), with Holm over the evaluated ones."""
+    return with_holm([judge(c, claim_differences(c, scores, benches, ckpt, avg_metric)) for c in claims])
+
+
+def detectability_rows(scores: Mapping[tuple[str, str, str, str], np.ndarray], labels: Sequence[str],
+                       baseline: str | None, benches: Sequence[str], ckpt: str, metric: str) -> list[dict]:
+    """Per label vs the baseline, per benchmark and the mean: variance components (sd in points) of the paired
+    difference and the detectable effect at 80% power for this sweep's S x P (points; None with one seed)."""
+    rows = []
+    if baseline is None:
+        return rows
+    for label in labels:
+        if label == baseline or any((lab, ckpt, b, metric) not in scores for lab in (label, baseline)
+                                    for b in benches):
+            continue
+        for scope in [*benches, MEAN]:
+            chosen = list(benches) if scope == MEAN else [scope]
+            differences = {b: scores[(label, ckpt, b, metric)] - scores[(baseline, ckpt, b, metric)] for b in chosen}
+            n_seeds = next(iter(differences.values())).shape[0]
+            row = {"method": label, "baseline": baseline, "bench": scope, "n_seeds": n_seeds,
+                   "n_problems": sum(d.shape[1] for d in differences.values()), "seed_sd": None, "problem_sd": None,
+                   "residual_sd": None, "detectable": None}
+            if n_seeds > 1:
+                comp = power.variance_components(differences)
+                row.update(seed_sd=100 * math.sqrt(comp.seed),
+                           problem_sd=100 * math.sqrt(max(comp.problem.values())),
+                           residual_sd=100 * math.sqrt(max(comp.residual.values())),
+                           detectable=100 * power.detectable_effect(comp, n_seeds))
+            rows.append(row)
+    return rows

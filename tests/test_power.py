@@ -1,0 +1,98 @@
+"""harness.report.power: variance components recovered from simulated sweeps, the detectable-effect formula against
+simulated verdicts, seeds needed, the pilot reader on the committed example, and the GPU-hours from
+``harness plan``'s arithmetic."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import resolve
+from harness.ops.resources import plan
+from harness.report import bootstrap as stats
+from harness.report import power
+
+
+def crossed(rng, n_draws, n_seeds, n_problems, sd_seed, sd_problem, sd_resid, effect=0.0):
+    """(n_draws, S, P) paired differences from d = effect + a_s + b_p + e_sp (normal)."""
+    return (effect + rng.normal(0, sd_seed, (n_draws, n_seeds, 1)) + rng.normal(0, sd_problem, (n_draws, 1, n_problems))
+            + rng.normal(0, sd_resid, (n_draws, n_seeds, n_problems)))
+
+
+def test_variance_components_recover_the_simulated_ones():
+    rng = np.random.default_rng(0)
+    comps = [power.variance_components({"b": d}) for d in crossed(rng, 40, 30, 300, 0.02, 0.05, 0.2)]
+    assert np.mean([c.seed for c in comps]) == pytest.approx(0.02**2, rel=0.15)
+    assert np.mean([c.problem["b"] for c in comps]) == pytest.approx(0.05**2, rel=0.15)
+    assert np.mean([c.residual["b"] for c in comps]) == pytest.approx(0.2**2, rel=0.02)
+    with pytest.raises(ValueError, match="needs >= 2 seeds"):
+        power.variance_components({"b": np.zeros((1, 5))})
+
+
+def test_expected_variance_is_what_the_interval_estimates():
+    # a problem component well above its noise, so that the truncation at 0 (an upward bias) rarely acts
+    rng = np.random.default_rng(1)
+    truth = power.VarianceComponents(0.02**2, {"b": 0.1**2}, {"b": 0.2**2}, {"b": 100}, 3)
+    expected = power.mean_variance(truth, 3)
+    estimated = [stats.crossed_variance({"b": d}) for d in crossed(rng, 4000, 3, 100, 0.02, 0.1, 0.2)]
+    assert np.mean([v.seed for v in estimated]) == pytest.approx(expected.seed, rel=0.05)
+    assert np.mean([v.problem for v in estimated]) == pytest.approx(expected.problem, rel=0.05)
+
+
+@pytest.mark.parametrize(("n_seeds", "sd_seed", "sd_problem"), [
+    (2, 0.03, 0.0),  # seed part dominates: the seed-level t test with 1 df
+    (3, 0.015, 0.1),  # both parts matter: the approximation between the two exact cases
+    (5, 0.01, 0.05),
+])
+def test_detectable_effect_has_the_stated_power_in_simulation(n_seeds, sd_seed, sd_problem):
+    rng = np.random.default_rng(n_seeds)
+    n_problems, sd_resid = 100, 0.2
+    comps = power.VarianceComponents(sd_seed**2, {"b": sd_problem**2}, {"b": sd_resid**2}, {"b": n_problems},
+                                     n_seeds)
+    effect = power.detectable_effect(comps, n_seeds)
+    draws = crossed(rng, 3000, n_seeds, n_problems, sd_seed, sd_problem, sd_resid, effect)
+    reproduced = np.mean([stats.paired_difference(d, np.zeros_like(d)).low > 0 for d in draws])
+    assert reproduced == pytest.approx(power.POWER, abs=0.04), (effect, reproduced)
+    assert power.power_at(effect, power.mean_variance(comps, n_seeds)) == pytest.approx(power.POWER)
+
+
+def test_seeds_needed_is_the_first_seed_count_that_detects_the_effect():
+    comps = power.VarianceComponents(0.03**2, {"b": 0.0}, {"b": 0.1**2}, {"b": 200}, 2)
+    needed = power.seeds_needed(comps, 0.02)
+    assert power.detectable_effect(comps, needed) <= 0.02 < power.detectable_effect(comps, needed - 1)
+    effects = [power.detectable_effect(comps, s) for s in (2, 3, 5, 10, 40)]
+    assert effects == sorted(effects, reverse=True)  # more seeds, smaller detectable effects
+    # a problem part that no number of seeds removes: 0.03 / sqrt(50) = 0.42 points floor
+    floor = power.VarianceComponents(0.0, {"b": 0.03**2}, {"b": 0.0}, {"b": 50}, 2)
+    assert power.seeds_needed(floor, 0.005) is None
+
+
+def test_pilot_from_the_committed_example():
+    pilot = power.read_pilot(REPO_ROOT / "results" / "example")
+    assert (pilot.ckpt, pilot.benches, len(pilot.seeds)) == ("ckpt-100", ["arith", "arith_ood"], 2)
+    assert pilot.aa_pairs() == [("uniform-aa", "uniform")]
+    assert not pilot.matrices  # no samples.jsonl committed: per-seed accuracies only
+    aa = pilot.components("uniform-aa", "uniform", ["arith"])
+    rows = pilot.seed_means[("uniform-aa", "arith")] - pilot.seed_means[("uniform", "arith")]
+    assert aa.seed == pytest.approx(np.var(rows, ddof=1))
+    pooled = pilot.pooled_components(["arith"])
+    per_label = [np.var(pilot.seed_means[(lab, "arith")], ddof=1) for lab in pilot.labels]
+    assert pooled.seed == pytest.approx(2 * np.mean(per_label))
+    text = power.power_report(pilot, [None, ("entropy", "uniform")], [2.0])
+    assert "A/A (two labels of one method" in text and "entropy - uniform, mean" in text
+    assert "effect 2 pts:" in text
+
+
+def test_gpu_hours_come_from_harness_plan():
+    resolved = resolve(REPO_ROOT / "configs" / "sweeps" / "paper-ktae.yaml", [])
+    assert power.gpu_hours(resolved, 3) == pytest.approx(sum(r.gpu_hours for r in plan(resolved)))
+    train = {s: next(r for r in plan(power.with_seeds(resolved, s)) if r.rule == "train") for s in (3, 6)}
+    assert train[6].jobs == 2 * train[3].jobs
+    assert power.gpu_hours(resolved, 6) > power.gpu_hours(resolved, 3)
+    assert resolved.sweep.seeds == [0, 1, 2]  # the resolved sweep itself is unchanged
+
+
+def test_pilot_errors():
+    with pytest.raises(FileNotFoundError, match="sweep.yaml is missing"):
+        power.read_pilot(Path("/nonexistent"))

@@ -1,0 +1,168 @@
+"""harness.report.verdicts: claims validation, the verdict rules on constructed intervals, Holm's correction by
+hand, and claims judged on score matrices."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.config.schema import ConfigError
+from harness.report import bootstrap as stats
+from harness.report import verdicts
+
+PATH = Path("configs/reported/paper-x.yaml")
+GOOD = {"method": "ktae", "benchmark": "mean", "metric": "greedy", "difference": 2.26, "kind": "improvement",
+        "where": "Table 1"}
+
+
+def interval(estimate: float, seed_sd: float, seed_df: int = 2) -> stats.Interval:
+    """A paired-difference interval with a seed part only (sd of the mean ``seed_sd``)."""
+    return stats.t_interval(estimate, stats.CrossedVariance(seed_sd**2, seed_df, 0.0, 99),
+                            bounds=stats.DIFFERENCE_RANGE)
+
+
+# --- claims validation --------------------------------------------------------------------------------------------
+
+
+def test_claims_parse_with_defaults():
+    parity = {"method": "nat", "benchmark": "aime24", "metric": "avg@k", "difference": 0.0, "kind": "parity",
+              "where": "abstract", "margin": 1.5}
+    claims = verdicts.parse_claims(PATH, [GOOD, parity])
+    assert claims[0] == verdicts.Claim("ktae", "uniform", "mean", "greedy", 2.26, "improvement", "Table 1",
+                                       verdicts.PARITY_MARGIN_POINTS)
+    assert (claims[1].kind, claims[1].margin, claims[1].baseline) == ("parity", 1.5, "uniform")
+    assert verdicts.parse_claims(PATH, None) == []
+
+
+@pytest.mark.parametrize(("claims", "message"), [
+    ({"method": "ktae"}, r"key 'claims' must be a list"),
+    (["ktae"], r"key 'claims\[0\]' must be a mapping"),
+    ([{k: v for k, v in GOOD.items() if k != "where"}], r"key 'claims\[0\]' lacks \['where'\]"),
+    ([GOOD, {**GOOD, "paper": "x"}], r"key 'claims\[1\]' has unknown key\(s\) \['paper'\]"),
+    ([{**GOOD, "metric": "avg@16"}], r"key 'claims\[0\].metric': 'avg@16'; allowed: \['avg@k', 'greedy'\]"),
+    ([{**GOOD, "kind": "better"}], r"key 'claims\[0\].kind': 'better'"),
+    ([{**GOOD, "difference": "2.3"}], r"key 'claims\[0\].difference': '2.3' is not a number"),
+    ([{**GOOD, "difference": -1.0}], r"key 'claims\[0\].difference': an improvement claim needs a difference > 0"),
+    ([{**GOOD, "margin": 1.0}], r"key 'claims\[0\].margin' applies to kind 'parity' only"),
+    ([{**GOOD, "kind": "parity", "difference": 1.5}], r"key 'claims\[0\].margin': a parity claim needs"),
+    ([{**GOOD, "baseline": "ktae"}], r"key 'claims\[0\].baseline': the same label as its method"),
+    ([{**GOOD, "method": ""}], r"key 'claims\[0\].method': '' is not a non-empty string"),
+])
+def test_claims_validation_names_the_file_and_key(claims, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        verdicts.parse_claims(PATH, claims)
+    assert str(error.value).startswith(str(PATH))
+
+
+# --- the verdict rules --------------------------------------------------------------------------------------------
+
+
+def verdict_of(claim, iv, detectable=0.05):
+    return verdicts.decide(claim, iv, *verdicts.claim_pvalues(claim, iv), detectable)
+
+
+IMPROVEMENT = verdicts.Claim("m", "uniform", "mean", "avg@k", 2.0, "improvement", "here")
+PARITY = verdicts.Claim("m", "uniform", "mean", "avg@k", 0.0, "parity", "here", margin=1.0)
+
+
+def test_improvement_verdicts():
+    # half-width t_{2, 0.975} * sd = 4.303 sd
+    assert verdict_of(IMPROVEMENT, interval(0.03, 0.002)) == ("reproduced", "interval excludes 0")
+    verdict, reason = verdict_of(IMPROVEMENT, interval(0.008, 0.001))  # [0.4, 1.2] pts: real, below +2
+    assert verdict == "reproduced" and "smaller effect" in reason
+    assert verdict_of(IMPROVEMENT, interval(0.002, 0.002))[0] == "contradicted"  # [-0.7, 1.1] excludes +2
+    assert "excludes the paper's +2.00" in verdict_of(IMPROVEMENT, interval(0.002, 0.002))[1]
+    assert verdict_of(IMPROVEMENT, interval(-0.03, 0.002)) == ("contradicted",
+                                                               "interval below 0: the opposite of the claim")
+    verdict, reason = verdict_of(IMPROVEMENT, interval(0.01, 0.01), detectable=0.123)  # [-3.3, 5.3] pts
+    assert verdict == "inconclusive" and "covers 0 and the paper's +2.00" in reason and "12.3 pts" in reason
+    # the verdict is exactly the interval: low > 0 <=> reproduced, high < delta <=> contradicted
+    for estimate in np.linspace(-0.05, 0.06, 23):
+        iv = interval(float(estimate), 0.004)
+        verdict = verdict_of(IMPROVEMENT, iv)[0]
+        expected = "reproduced" if iv.low > 0 else "contradicted" if iv.high < 0.02 else "inconclusive"
+        assert verdict == expected, (estimate, iv)
+
+
+def test_parity_verdicts():
+    assert verdict_of(PARITY, interval(0.001, 0.001))[0] == "reproduced"  # [-0.3, 0.5] inside +-1
+    assert verdict_of(PARITY, interval(0.03, 0.002))[0] == "contradicted"  # [2.1, 3.9] beyond +1
+    assert verdict_of(PARITY, interval(-0.03, 0.002))[0] == "contradicted"
+    assert verdict_of(PARITY, interval(0.005, 0.002))[0] == "inconclusive"  # [-0.4, 1.4] straddles +1
+    for estimate in np.linspace(-0.03, 0.03, 25):
+        iv = interval(float(estimate), 0.002)
+        verdict = verdict_of(PARITY, iv)[0]
+        expected = ("reproduced" if -0.01 < iv.low and iv.high < 0.01 else
+                    "contradicted" if iv.low > 0.01 or iv.high < -0.01 else "inconclusive")
+        assert verdict == expected, (estimate, iv)
+
+
+# --- Holm ---------------------------------------------------------------------------------------------------------
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04)
+    assert verdicts.holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert verdicts.holm_adjust([0.5, 0.5]) == [1.0, 1.0]  # capped at 1
+    assert verdicts.holm_adjust([0.02]) == [0.02]  # a family of one: no correction
+    assert verdicts.holm_adjust([0.001, 0.001, 0.2]) == pytest.approx([0.003, 0.003, 0.2])
+
+
+def test_holm_verdicts_beside_the_per_comparison_ones():
+    # Three improvement claims, each reproduced on its own: p_reproduce 0.001, 0.010 and 0.020. Holm: 0.003,
+    # 0.020, 0.020 (the last capped by monotonicity) all < 0.025: all stay. A fourth with p 0.024 makes m = 4:
+    # 0.004, 0.030, 0.040, 0.040: only the first stays reproduced.
+    def judged(p):
+        estimate = 0.02 * (1 + p)  # any interval: decide() reads the p-values
+        return verdicts.Verdict(IMPROVEMENT, "reproduced", "", interval(estimate, 0.001), 0.01, p, 0.9)
+
+    three = verdicts.with_holm([judged(p) for p in (0.001, 0.010, 0.020)])
+    assert [v.holm for v in three] == ["reproduced"] * 3
+    assert [v.holm_p_reproduce for v in three] == pytest.approx([0.003, 0.020, 0.020])
+    four = verdicts.with_holm([judged(p) for p in (0.001, 0.010, 0.020, 0.024)])
+    assert [v.holm for v in four] == ["reproduced", "inconclusive", "inconclusive", "inconclusive"]
+    assert [v.verdict for v in four] == ["reproduced"] * 4  # the per-comparison verdicts are kept
+
+
+# --- claims on score matrices -------------------------------------------------------------------------------------
+
+
+def sweep_scores(rng, n_seeds=3, effect=0.1):
+    scores = {}
+    for bench, n in (("a", 60), ("b", 40)):
+        difficulty = rng.random(n)
+        for label, shift in (("uniform", 0.0), ("uniform-aa", 0.0), ("good", effect)):
+            seed_effect = rng.normal(0, 0.005, (n_seeds, 1))
+            scores[(label, "ckpt-100", bench, "avg@4")] = np.clip(difficulty + shift + seed_effect
+                                                                  + rng.normal(0, 0.05, (n_seeds, n)), 0, 1)
+    return scores
+
+
+def test_judge_claims_on_scores_and_default_claims():
+    rng = np.random.default_rng(3)
+    scores = sweep_scores(rng)
+    names = {"uniform": "uniform", "uniform-aa": "uniform", "good": "entropy"}
+    claims = verdicts.default_claims(["uniform", "good", "uniform-aa"], names, "uniform")
+    assert [(c.method, c.kind, c.difference) for c in claims] == [("good", "improvement", 2.0),
+                                                                  ("uniform-aa", "parity", 0.0)]
+    missing = verdicts.Claim("nat", "uniform", "mean", "avg@k", 0.0, "parity", "abstract")
+    greedy = verdicts.Claim("good", "uniform", "a", "greedy", 1.0, "improvement", "t")
+    judged = verdicts.judge_claims([*claims, missing, greedy], scores, ["a", "b"], "ckpt-100", "avg@4")
+    assert judged[0].verdict == "reproduced" and judged[0].interval.estimate == pytest.approx(0.1, abs=0.01)
+    assert judged[0].holm == "reproduced" and judged[0].detectable > 0
+    assert judged[1].verdict in {"reproduced", "inconclusive"}  # the A/A pair is never called different here
+    assert [v.verdict for v in judged[2:]] == ["not evaluated", "not evaluated"]  # no nat label, no greedy scores
+    assert verdicts.default_claims(["a", "b"], {"a": "x", "b": "y"}, None) == []
+
+
+def test_detectability_rows_per_benchmark_and_mean():
+    rng = np.random.default_rng(4)
+    rows = verdicts.detectability_rows(sweep_scores(rng), ["uniform", "uniform-aa", "good"], "uniform", ["a", "b"],
+                                       "ckpt-100", "avg@4")
+    assert [(r["method"], r["bench"]) for r in rows] == [("uniform-aa", "a"), ("uniform-aa", "b"),
+                                                         ("uniform-aa", "mean"), ("good", "a"), ("good", "b"),
+                                                         ("good", "mean")]
+    assert all(r["detectable"] > 0 and r["n_seeds"] == 3 for r in rows)
+    one_seed = {key: x[:1] for key, x in sweep_scores(rng).items()}
+    rows = verdicts.detectability_rows(one_seed, ["uniform", "good"], "uniform", ["a", "b"], "ckpt-100", "avg@4")
+    assert {r["detectable"] for r in rows} == {None}
