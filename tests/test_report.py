@@ -17,7 +17,7 @@ from harness.report.evidence import find_failures, read_sweep
 from harness.report.leaderboard import write_leaderboard
 from harness.report.markdown import budget_warnings, protocol_note
 from harness.report.reported import load_reported
-from harness.report.summary import summarize
+from harness.report.summary import claim_verdicts, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTED = """
@@ -31,6 +31,13 @@ numbers:
   uniform: {arith: 40.5, arith_ood: 50.0}
   entropy: {arith: 70.0}
   gmts: {arith: 80.0}
+claims:
+  - {method: entropy, benchmark: mean, metric: avg@k, difference: 30.0, kind: improvement, where: "Table 2"}
+  - {method: entropy, benchmark: arith, metric: avg@k, difference: 80.0, kind: improvement, where: "Table 3"}
+  - {method: uniform-aa, benchmark: mean, metric: avg@k, difference: 0.0, kind: parity, margin: 12.0,
+     where: "our A/A pair"}
+  - {method: gmts, benchmark: mean, metric: greedy, difference: 1.0, kind: improvement, where: "Table 4"}
+  - {method: uniform-aa, benchmark: mean, metric: avg@k, difference: 20.0, kind: improvement, where: "Table 5"}
 """
 
 
@@ -162,6 +169,37 @@ def test_reported_numbers_sit_beside_ours(sweep):
     assert "we sample k = 4, not 16" in page
 
 
+def test_claims_are_judged_in_both_pages(sweep):
+    resolved, paths, _ = sweep
+    md = (paths.root / "leaderboard.md").read_text()
+    claims = md.split("## Claims (ckpt-100)")[1].split("## Per benchmark")[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in claims.splitlines()
+            if line.startswith("| ") and ("beats" in line or "matches" in line)}
+    assert rows["entropy beats uniform on mean over benchmarks by +30.00 pts (avg@k)"][4] == "reproduced"
+    smaller = rows["entropy beats uniform on arith by +80.00 pts (avg@k)"]
+    assert smaller[4] == "reproduced" and "also the paper's +80.00: a smaller effect" in smaller[5]
+    contradicted = rows["uniform-aa beats uniform on mean over benchmarks by +20.00 pts (avg@k)"]
+    assert contradicted[4] == "contradicted" and "excludes the paper's +20.00" in contradicted[5]
+    parity = rows["uniform-aa matches uniform on mean over benchmarks (avg@k; paper +0.00 pts, margin ±12)"]
+    assert parity[4] == "reproduced" and "equivalent" in parity[5]
+    assert rows["gmts beats uniform on mean over benchmarks by +1.00 pts (greedy)"][4] == "not evaluated"
+    assert "Holm: the same verdicts with the family-wise error over the 4 evaluated claim(s)" in claims
+    assert "### Detectable effects (paired, 80% power)" in claims and "| entropy | uniform | mean | 3 x 70 |" in claims
+    page = (paths.root / "report.html").read_text()
+    assert "<h2 id='claims'>" in page and "<td class='contradicted'>contradicted</td>" in page
+
+
+def test_without_a_paper_the_default_claims_are_judged(sweep):
+    resolved, paths, _ = sweep
+    evidence = read_sweep(resolved, paths)
+    judged = claim_verdicts(evidence, None)
+    assert [(v.claim.method, v.claim.kind, v.claim.difference) for v in judged] == [
+        ("uniform-aa", "parity", 0.0), ("entropy", "improvement", 2.0)]
+    assert judged[1].verdict == "reproduced" and judged[1].holm == "reproduced"
+    assert judged[0].verdict in {"inconclusive", "reproduced"}  # an A/A pair is never contradicted here
+    assert all(v.detectable > 0 for v in judged)
+
+
 def test_reported_file_errors_name_the_key(tmp_path):
     assert load_reported(tmp_path / "absent.yaml") is None
     bad = tmp_path / "bad.yaml"
@@ -170,6 +208,10 @@ def test_reported_file_errors_name_the_key(tmp_path):
         load_reported(bad)
     bad.write_text("numbrs: {}\n")
     with pytest.raises(ConfigError, match="unknown key"):
+        load_reported(bad)
+    bad.write_text("claims:\n  - {method: ktae, benchmark: mean, metric: avg, difference: 1, kind: improvement, "
+                   "where: x}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: key 'claims\[0\].metric'"):
         load_reported(bad)
     good = tmp_path / "good.json"  # JSON is accepted too
     good.write_text(json.dumps({"source": "x", "numbers": {"uniform": {"arith": 12.5}}}))
@@ -266,8 +308,8 @@ def test_one_seed_sweep_says_so(tmp_path):
 
 REPORT_DIR = REPO / "harness" / "report"
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
-REPORT_MODULE_ORDER = ["bootstrap", "evidence", "reported", "summary", "tables", "markdown", "html", "plots",
-                       "leaderboard"]
+REPORT_MODULE_ORDER = ["bootstrap", "power", "verdicts", "evidence", "reported", "summary", "tables", "markdown",
+                       "html", "plots", "leaderboard"]
 
 
 def imported_modules(path: Path) -> set[str]:

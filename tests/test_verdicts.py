@@ -166,3 +166,21 @@ def test_detectability_rows_per_benchmark_and_mean():
     one_seed = {key: x[:1] for key, x in sweep_scores(rng).items()}
     rows = verdicts.detectability_rows(one_seed, ["uniform", "good"], "uniform", ["a", "b"], "ckpt-100", "avg@4")
     assert {r["detectable"] for r in rows} == {None}
+
+
+def test_every_reported_file_loads_and_its_claims_name_labels_of_its_sweep():
+    import yaml
+
+    from harness.config.paths import CONFIG_DIR
+    from harness.report.reported import load_reported
+
+    files = sorted((CONFIG_DIR / "reported").glob("*.yaml"))
+    assert len(files) == 8
+    for path in files:
+        sweep = yaml.safe_load((CONFIG_DIR / "sweeps" / path.name).read_text())
+        for claim in load_reported(path).claims:
+            assert {claim.method, claim.baseline} <= set(sweep["methods"]), (path.name, claim)
+            assert claim.where
+    claimed = {p.stem: len(load_reported(p).claims) for p in files}
+    assert claimed == {"paper-8020": 1, "paper-d3s": 1, "paper-gmts": 1, "paper-ktae": 1, "paper-ktae-grpo": 1,
+                       "paper-nat": 2, "paper-rsi": 1, "published-checkpoints": 0}

@@ -19,14 +19,24 @@ from pathlib import Path
 from harness.config.paths import WARMSTART_LABEL
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
-from harness.report.markdown import budget_warnings, calibration_lines, protocol_note, reported_lines
+from harness.report.markdown import budget_warnings, calibration_lines, claims_note, protocol_note, reported_lines
 from harness.report.reported import Reported
-from harness.report.tables import bench_table, overview_table, runs_table, select, with_ci
+from harness.report.summary import claim_verdicts, detectability
+from harness.report.tables import (
+    bench_table,
+    claims_table,
+    detectability_table,
+    overview_table,
+    runs_table,
+    select,
+    with_ci,
+)
 
 REPORT_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "seaborn")
 TOKEN_RGB = (230, 120, 20)  # orange: a token the method trains on; intensity grows with its weight
 NEGATIVE_RGB = (40, 110, 220)  # blue, should a method ever return a negative weight
 N_HIGHLIGHT_ROLLOUTS = 6
+VERDICT_CLASSES = ("better", "worse", "tied", "reproduced", "contradicted", "inconclusive")  # coloured cells
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1400px;
@@ -38,7 +48,8 @@ table { border-collapse: collapse; font-size: .85rem; margin: .6rem 0 1rem; }
 th, td { border: 1px solid #d0d0d0; padding: .25rem .5rem; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 tr.reference td { color: #555; font-style: italic; }
-td.better { background: #dff3df; } td.worse { background: #f8dddd; } td.tied { background: #f2f2f2; }
+td.better, td.reproduced { background: #dff3df; } td.worse, td.contradicted { background: #f8dddd; }
+td.tied, td.inconclusive { background: #f2f2f2; }
 .note { font-size: .9rem; color: #333; max-width: 70rem; }
 .warn { color: #9a3412; font-weight: 600; }
 figure { margin: 1rem 0 2rem; } figure img { max-width: 100%; border: 1px solid #eee; }
@@ -67,7 +78,7 @@ def table(header: list[str], body: list[list[str]], verdict_column: str | None =
     for row in body:
         out.append("<tr class='reference'>" if row and row[0] == "ref" else "<tr>")
         for i, cell in enumerate(row):
-            css = f" class='{esc(cell)}'" if i == index and cell in ("better", "worse", "tied") else ""
+            css = f" class='{esc(cell)}'" if i == index and cell in VERDICT_CLASSES else ""
             out.append(f"<td{css}>{esc(cell)}</td>")
         out.append("</tr>")
     out.append("</tbody></table></div>")
@@ -80,8 +91,8 @@ def image(path: Path, alt: str) -> str:
 
 
 FIGURE_CAPTIONS = {
-    "accuracy_vs_steps": "Accuracy against optimizer steps spent, at each checkpoint; bands: 95% stratified bootstrap "
-                         "intervals (the table's). The black square is the warm start (step 0).",
+    "accuracy_vs_steps": "Accuracy against optimizer steps spent, at each checkpoint; bands: 95% intervals over seeds "
+                         "and problems (the table's). The black square is the warm start (step 0).",
     "accuracy_vs_generated": "Accuracy against tokens generated (rollouts) up to each checkpoint.",
     "accuracy_vs_forwarded": "Accuracy against tokens forwarded in the training passes up to each checkpoint (what "
                              "rollout dropping and prefix cutting save).",
@@ -309,8 +320,9 @@ def reported_section(reported: Reported | None, evidence: Evidence, summary: lis
 # --- the page -----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = [("leaderboard", "Leaderboard"), ("benchmarks", "Per benchmark"), ("figures", "Figures"),
-            ("tokens", "Token highlights"), ("reported", "Reported numbers"), ("provenance", "Provenance")]
+SECTIONS = [("leaderboard", "Leaderboard"), ("claims", "Claims"), ("benchmarks", "Per benchmark"),
+            ("figures", "Figures"), ("tokens", "Token highlights"), ("reported", "Reported numbers"),
+            ("provenance", "Provenance")]
 
 
 def _head(title: str) -> list[str]:
@@ -332,13 +344,27 @@ def _notes(evidence: Evidence, resolved: Resolved, summary: list[dict], n_resamp
     return parts
 
 
+def claims_section(evidence: Evidence, reported: Reported | None) -> list[str]:
+    """The claims judged at the full budget (per comparison and with Holm) and the detectable effects."""
+    judged = claim_verdicts(evidence, reported)
+    parts = [f"<h2 id='claims'>Claims ({esc(evidence.final_ckpt)})</h2>",
+             f"<p class='note'>{esc(claims_note(judged, reported))}</p>"]
+    if judged:
+        parts.append(table(*claims_table(judged)))
+    rows = detectability(evidence)
+    if rows:
+        parts += ["<h3>Detectable effects (paired, 80% power)</h3>", table(*detectability_table(rows), None)]
+    return parts
+
+
 def _tables(evidence: Evidence, summary: list[dict], reported: Reported | None) -> list[str]:
-    """The overview per checkpoint (latest first), then one table per benchmark at the full budget."""
+    """The overview per checkpoint (latest first), the claims, then one table per benchmark at the full budget."""
     final = evidence.final_ckpt
     parts = ["<h2 id='leaderboard'>Leaderboard</h2>"]
     for ckpt in reversed(list(evidence.ckpts)):
         name = "Full budget" if ckpt == final else f"{evidence.ckpts[ckpt]:.0%} of the budget"
         parts += [f"<h3>{esc(name)} ({esc(ckpt)})</h3>", table(*overview_table(evidence, summary, ckpt))]
+    parts += claims_section(evidence, reported)
     parts.append(f"<h2 id='benchmarks'>Per benchmark ({esc(final)})</h2>")
     for bench in evidence.benches:
         parts += [f"<h3>{esc(bench)}</h3>", table(*bench_table(evidence, summary, final, bench, reported))]

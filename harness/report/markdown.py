@@ -12,8 +12,16 @@ from pathlib import Path
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
 from harness.report.reported import Reported
-from harness.report.summary import calibration_pairs
-from harness.report.tables import bench_table, overview_table, runs_table, select
+from harness.report.summary import calibration_pairs, claim_verdicts, detectability
+from harness.report.tables import (
+    bench_table,
+    claims_table,
+    detectability_table,
+    overview_table,
+    runs_table,
+    select,
+)
+from harness.report.verdicts import DEFAULT_CLAIM_POINTS, PARITY_MARGIN_POINTS, Verdict
 
 BUDGET_TOLERANCE = 0.05  # a run whose realised budget is more than 5% off its amount is flagged
 
@@ -29,8 +37,9 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
             f"T = {evidence.temperature:g}; greedy: one completion at T = 0. Budget: {budget.kind} = "
             f"{budget.amount:g}, compared at each checkpoint fraction. Seeds: {len(evidence.seeds)} "
             f"({', '.join(map(str, evidence.seeds))}); problems: {problems}. "
-            f"Intervals: 95% percentile bootstrap ({n_resamples} resamples), seeds and problems resampled (problems "
-            f"within each benchmark). ")
+            f"Intervals of means and Δ: 95% t intervals over seeds and problems (the seed part with S - 1 degrees of "
+            f"freedom, the problem part with P - 1, README 'Reading the results'); IQM and P(X > Y): 95% percentile "
+            f"bootstrap ({n_resamples} resamples), seeds and problems resampled (problems within each benchmark). ")
     if evidence.baseline is None:
         note += ("This sweep has no `uniform` label, so there is no baseline: the Δ, P and verdict columns are "
                  "empty and methods are not ranked against each other.")
@@ -40,7 +49,8 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
                  f"the overview). Verdict 'tied' when the Δ interval covers 0; rank = 1 + the number of methods "
                  f"whose paired difference to this one is significantly positive (equal ranks: not separated). "
                  f"Each interval is 95% on its own, with no correction for comparing several methods: among many "
-                 f"methods one spurious 'better' or 'worse' is to be expected.")
+                 f"methods one spurious 'better' or 'worse' is to be expected (the claims below add Holm's "
+                 f"correction).")
     if len(evidence.seeds) == 1:
         note += (" **One seed only: the intervals cover problem sampling, not training randomness; read 'better' "
                  "and 'worse' with care.**")
@@ -92,6 +102,40 @@ def reported_lines(reported: Reported, evidence: Evidence) -> list[str]:
     return lines
 
 
+def claims_note(judged: list[Verdict], reported: Reported | None) -> str:
+    """How the claims table reads: which claims, the verdict rules, the parity margin, Holm's family."""
+    if reported and reported.claims:
+        source = f"The paper's claims (`claims` in `{reported.path.name}`)"
+    else:
+        source = (f"No paper claims for this sweep: stand-in claims show the machinery, each label against the "
+                  f"baseline on the mean over benchmarks: a {DEFAULT_CLAIM_POINTS:g}-point improvement, or parity for "
+                  f"a label of the baseline's own method (the A/A pair)")
+    evaluated = sum(v.interval is not None for v in judged)
+    return (f"{source}, judged at the full budget by the paired difference and its 95% interval. Improvement: "
+            f"reproduced when the interval excludes 0 on the claimed side, contradicted when it excludes the "
+            f"paper's difference (or shows the opposite), inconclusive when it covers both. Parity: reproduced "
+            f"(equivalent) when the interval lies inside ±margin (default {PARITY_MARGIN_POINTS:g} point), "
+            f"contradicted when it lies beyond it. Detectable: the paired effect this sweep's seeds x problems "
+            f"call 'reproduced' with 80% power. Holm: the same verdicts with the family-wise error over the "
+            f"{evaluated} evaluated claim(s) of this sweep held at 2.5% per side.")
+
+
+def claims_lines(evidence: Evidence, reported: Reported | None) -> list[str]:
+    """The claims section and the detectable effects per benchmark (markdown)."""
+    judged = claim_verdicts(evidence, reported)
+    parts = [f"## Claims ({evidence.final_ckpt})", "", claims_note(judged, reported), ""]
+    if judged:
+        parts += [markdown_table(*claims_table(judged)), ""]
+    rows = detectability(evidence)
+    if rows:
+        parts += ["### Detectable effects (paired, 80% power)", "",
+                  "Per label against the baseline: standard deviations (points) of the paired difference's seed, "
+                  "problem and residual components (the largest over benchmarks for the mean) and the effect "
+                  "these seeds x problems detect; `harness power` gives the seeds a smaller effect needs.", "",
+                  markdown_table(*detectability_table(rows)), ""]
+    return parts
+
+
 # --- the page -----------------------------------------------------------------------------------------------------
 
 
@@ -125,6 +169,7 @@ def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], report
     parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", "",
              protocol_note(evidence, resolved, n_resamples), ""]
     parts += _checkpoint_sections(evidence, summary)
+    parts += claims_lines(evidence, reported)
     parts += [f"## Per benchmark ({final})", ""]
     for bench in evidence.benches:
         parts += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]

@@ -1,14 +1,16 @@
 """The papers' numbers: an optional ``configs/reported/<sweep name>.yaml`` (JSON is YAML too) holds what a paper
-reports, in percent, beside a protocol note (format in ``configs/reported/README.md``)."""
+reports, in percent, beside a protocol note, and the paper's claims that the report judges (``claims``, see
+``harness.report.verdicts``; format in ``configs/reported/README.md``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config.schema import ConfigError
+from harness.report.verdicts import Claim, parse_claims
 
-REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers"}
+REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers", "claims"}
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Reported:
     protocol: str
     differences: list[str]
     numbers: dict[str, dict[str, float]]
+    claims: list[Claim] = field(default_factory=list)
 
     def get(self, label: str, bench: str) -> float | None:
         return self.numbers.get(label, {}).get(bench)
@@ -62,4 +65,4 @@ def load_reported(path: Path) -> Reported | None:
     if isinstance(differences, str) or not all(isinstance(d, str) for d in differences):
         raise ConfigError(f"{path}: key 'differences' must be a list of strings")
     return Reported(path, str(raw.get("source", "")), str(raw.get("metric", "")), str(raw.get("protocol", "")),
-                    list(differences), numbers)
+                    list(differences), numbers, parse_claims(path, raw.get("claims")))

@@ -13,6 +13,7 @@ import numpy as np
 
 from harness.config.paths import WARMSTART_LABEL
 from harness.report import bootstrap as stats
+from harness.report import verdicts
 from harness.report.evidence import WARMSTART_CKPT, Evidence, spent_at
 from harness.report.reported import Reported
 
@@ -128,3 +129,21 @@ def calibration_pairs(evidence: Evidence) -> list[tuple[str, str]]:
         return run["name"], json.dumps(run.get("params", {}), sort_keys=True)
 
     return [(a, b) for i, a in enumerate(evidence.labels) for b in evidence.labels[i + 1:] if key(a) == key(b)]
+
+
+# --- claims and detectable effects (full budget) ------------------------------------------------------------------
+
+
+def claim_verdicts(evidence: Evidence, reported: Reported | None) -> list[verdicts.Verdict]:
+    """The paper's claims (or, without any, ``verdicts.default_claims`` against the baseline) judged at the full
+    budget, with Holm's correction over them."""
+    claims = reported.claims if reported and reported.claims else verdicts.default_claims(
+        evidence.labels, {label: evidence.method_name(label) for label in evidence.labels}, evidence.baseline)
+    return verdicts.judge_claims(claims, evidence.scores, evidence.benches, evidence.final_ckpt, evidence.avg_metric)
+
+
+def detectability(evidence: Evidence) -> list[dict]:
+    """Per label against the baseline, per benchmark and the mean: variance components of the paired difference
+    and the effect this sweep's seeds x problems detect at 80% power (``verdicts.detectability_rows``)."""
+    return verdicts.detectability_rows(evidence.scores, evidence.labels, evidence.baseline, evidence.benches,
+                                       evidence.final_ckpt, evidence.avg_metric)

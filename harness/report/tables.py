@@ -8,6 +8,7 @@ import math
 from harness.config.paths import WARMSTART_LABEL
 from harness.report.evidence import WARMSTART_CKPT, Evidence
 from harness.report.reported import Reported
+from harness.report.verdicts import Verdict
 
 Table = tuple[list[str], list[list[str]]]  # (header, body rows)
 
@@ -122,4 +123,36 @@ def runs_table(evidence: Evidence) -> Table:
         cells += [number(budget.get(k)) for k in budget_keys] + [number(run["counters"].get(k)) for k in counter_keys]
         cells.append(number(run.get("train_seconds")))
         body.append(cells)
+    return header, body
+
+
+# --- claims and detectable effects ---------------------------------------------------------------------------------
+
+
+def _points(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def claims_table(judged: list[Verdict]) -> Table:
+    """One row per claim (``verdicts.Verdict``): the claim, where the paper says it, our paired difference, the
+    detectable effect, the verdict and why, and the verdict under Holm's correction with its adjusted p-values."""
+    header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict", "why", "Holm verdict",
+              "Holm p (reproduce, contradict)"]
+    body = []
+    for v in judged:
+        iv = v.interval
+        difference = "" if iv is None else (f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} "
+                                            f"[{pct(iv.low)}, {pct(iv.high)}]")
+        detectable = "" if v.detectable is None else pct(v.detectable)
+        holm_p = "" if iv is None else f"{v.holm_p_reproduce:.3g}, {v.holm_p_contradict:.3g}"
+        body.append([v.claim.describe(), v.claim.where, difference, detectable, v.verdict, v.reason, v.holm, holm_p])
+    return header, body
+
+
+def detectability_table(rows: list[dict]) -> Table:
+    """Per label and benchmark (or the mean): the paired difference's variance components and detectable effect."""
+    header = ["method", "vs", "benchmark", "seeds x problems", "seed sd", "problem sd", "residual sd",
+              "detectable at 80% power"]
+    body = [[r["method"], r["baseline"], r["bench"], f"{r['n_seeds']} x {r['n_problems']}", _points(r["seed_sd"]),
+             _points(r["problem_sd"]), _points(r["residual_sd"]), _points(r["detectable"])] for r in rows]
     return header, body
