@@ -1,4 +1,4 @@
-"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, inspect, new-method.
+"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, power, inspect, new-method.
 
 Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
 ``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing.
@@ -107,6 +107,19 @@ def cmd_plan(args) -> None:
     print(format_plan(resolved))
 
 
+def cmd_power(args) -> None:
+    from harness.report.power import power_report, read_pilot
+    from harness.report.reported import load_reported
+    from harness.report.verdicts import DEFAULT_CLAIM_POINTS, claim_effects
+
+    resolved, paths = _resolve(args)
+    pilot = read_pilot(Path(args.pilot) if args.pilot else paths.root)
+    reported = load_reported(CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")
+    effects = args.effect or claim_effects(reported.claims if reported else []) or [DEFAULT_CLAIM_POINTS]
+    pairs = [tuple(pair.split(",", 1)) for pair in args.pair] if args.pair else [None, *pilot.aa_pairs()]
+    print(power_report(pilot, pairs, effects, resolved))
+
+
 def cmd_inspect(args) -> None:
     from harness.ops.inspect_batch import inspect_batch
 
@@ -162,6 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="job counts and GPU-hours of a sweep, from its budget and resources")
     _sweep_args(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("power", help="seeds (and GPU-hours) needed to detect an effect, from a pilot sweep")
+    _sweep_args(p)
+    p.add_argument("--pilot", help="a finished sweep's results folder (default: this sweep's), e.g. results/example")
+    p.add_argument("--pair", action="append", metavar="LABEL,BASELINE",
+                   help="difference to size (repeatable; default: an A/A pair pooled over all labels, and the pilot's "
+                        "own A/A pairs)")
+    p.add_argument("--effect", type=float, action="append", metavar="POINTS",
+                   help="effect to detect, in points (repeatable; default: the claims of "
+                        "configs/reported/<sweep>.yaml, else 2)")
+    p.set_defaults(func=cmd_power)
 
     p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")

@@ -96,3 +96,20 @@ def test_gpu_hours_come_from_harness_plan():
 def test_pilot_errors():
     with pytest.raises(FileNotFoundError, match="sweep.yaml is missing"):
         power.read_pilot(Path("/nonexistent"))
+
+
+def test_harness_power_command(capsys):
+    from harness.cli import main
+
+    example = str(REPO_ROOT / "results" / "example")
+    assert main(["power", "--sweep", str(REPO_ROOT / "configs" / "sweeps" / "paper-ktae.yaml"), "--pilot", example,
+                 "--pair", "uniform-aa,uniform"]) == 0
+    out = capsys.readouterr().out
+    # the effect comes from the paper's claim (configs/reported/paper-ktae.yaml: +2.26 greedy on the mean)
+    assert "uniform-aa - uniform, mean:" in out and "effect 2.26 pts:" in out and "GPU-hours" in out
+    assert main(["power", "--pilot", example, "--effect", "5", "--effect", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "A/A (two labels of one method; seed spread pooled over 8 labels), mean" in out
+    assert "effect 5 pts:" in out and "effect 2 pts:" in out
+    assert main(["power", "--pilot", example, "--pair", "nope,uniform"]) == 2
+    assert "label 'nope' is not in the pilot" in capsys.readouterr().err

@@ -184,3 +184,8 @@ def test_every_reported_file_loads_and_its_claims_name_labels_of_its_sweep():
     claimed = {p.stem: len(load_reported(p).claims) for p in files}
     assert claimed == {"paper-8020": 1, "paper-d3s": 1, "paper-gmts": 1, "paper-ktae": 1, "paper-ktae-grpo": 1,
                        "paper-nat": 2, "paper-rsi": 1, "published-checkpoints": 0}
+
+
+def test_claim_effects_are_the_differences_and_margins():
+    assert verdicts.claim_effects([IMPROVEMENT, PARITY, IMPROVEMENT]) == [1.0, 2.0]
+    assert verdicts.claim_effects([]) == []

@@ -263,15 +263,21 @@ def power_report(pilot: Pilot, pairs: Sequence[tuple[str, str] | None], effects_
              + ", ".join(f"{b} ({pilot.n_problems[b]} problems)" for b in pilot.benches) + f"; from {basis}",
              f"power {power:.0%}, verdict 'reproduced' = the 95% interval excludes 0 on the claimed side", ""]
     for pair in pairs:
+        for label in pair or ():
+            if label not in pilot.labels:
+                raise ValueError(f"power: label {label!r} is not in the pilot {pilot.root} (labels: {pilot.labels})")
         name = (f"{pair[0]} - {pair[1]}" if pair else
                 f"A/A (two labels of one method; seed spread pooled over {len(pilot.labels)} labels)")
         for scope in [*pilot.benches, "mean"]:
             benches = None if scope == "mean" else [scope]
             comp = pilot.components(*pair, benches) if pair else pilot.pooled_components(benches)
-            residual = max(comp.residual.values())
-            lines.append(f"{name}, {scope}: seed sd {100 * math.sqrt(comp.seed):.2f} pts, problem sd "
-                         f"{100 * math.sqrt(max(comp.problem.values())):.2f}, residual sd "
-                         f"{100 * math.sqrt(residual):.2f}; detectable effect with {n} seeds "
+            if pilot.matrices:
+                spread = (f"seed sd {100 * math.sqrt(comp.seed):.2f} pts, problem sd "
+                          f"{100 * math.sqrt(max(comp.problem.values())):.2f}, residual sd "
+                          f"{100 * math.sqrt(max(comp.residual.values())):.2f}")
+            else:
+                spread = f"sd of the per-seed difference {100 * math.sqrt(comp.seed):.2f} pts"
+            lines.append(f"{name}, {scope}: {spread}; detectable effect with {n} seeds "
                          f"{100 * detectable_effect(comp, max(n, 2), power):.1f} pts" + "".join(
                              f", {s} seeds {100 * detectable_effect(comp, s, power):.1f}" for s in (3, 5, 10)
                              if s > n))

@@ -138,6 +138,11 @@ def default_claims(labels: Sequence[str], method_names: Mapping[str, str], basel
     return claims
 
 
+def claim_effects(claims: Sequence[Claim]) -> list[float]:
+    """The effect sizes (points) the claims need detected: an improvement's difference, a parity claim's margin."""
+    return sorted({c.difference if c.kind == "improvement" else c.margin for c in claims})
+
+
 # --- judging ------------------------------------------------------------------------------------------------------
 
 
