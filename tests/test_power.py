@@ -113,3 +113,29 @@ def test_harness_power_command(capsys):
     assert "effect 5 pts:" in out and "effect 2 pts:" in out
     assert main(["power", "--pilot", example, "--pair", "nope,uniform"]) == 2
     assert "label 'nope' is not in the pilot" in capsys.readouterr().err
+
+
+def test_pilot_with_samples_uses_the_per_problem_matrices(tmp_path):
+    import json
+
+    from report_fixture import LABELS, build_sweep
+
+    from harness.report.evidence import read_sweep
+
+    resolved, paths = build_sweep(tmp_path, fractions=(1.0,))
+    (paths.root / "sweep.yaml").write_text(json.dumps({"methods": list(LABELS), "seeds": [0, 1, 2]}))
+    pilot = power.read_pilot(paths.root)
+    assert pilot.matrices and pilot.aa_pairs() == [("uniform-aa", "uniform")]
+    evidence = read_sweep(resolved, paths)  # the report's matrices: the same problems, the same scores
+    for bench in pilot.benches:
+        np.testing.assert_array_equal(pilot.matrices[("entropy", bench)],
+                                      evidence.scores[("entropy", "ckpt-100", bench, "avg@4")])
+    comp = pilot.components("entropy", "uniform")
+    expected = power.variance_components({b: evidence.scores[("entropy", "ckpt-100", b, "avg@4")]
+                                          - evidence.scores[("uniform", "ckpt-100", b, "avg@4")]
+                                          for b in pilot.benches})
+    assert comp == expected and comp.problem["arith"] > 0  # the per-problem path sees a problem component
+    pooled = pilot.pooled_components()
+    assert pooled.residual["arith"] > 0 and set(pooled.problem.values()) == {0.0}
+    text = power.power_report(pilot, [None], [10.0])
+    assert "seed sd" in text and "problem sd" in text and "effect 10 pts:" in text

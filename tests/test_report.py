@@ -185,6 +185,10 @@ def test_claims_are_judged_in_both_pages(sweep):
     assert rows["gmts beats uniform on mean over benchmarks by +1.00 pts (greedy)"][4] == "not evaluated"
     assert "Holm: the same verdicts with the family-wise error over the 4 evaluated claim(s)" in claims
     assert "### Detectable effects (paired, 80% power)" in claims and "| entropy | uniform | mean | 3 x 70 |" in claims
+    claims_json = json.loads((paths.root / "leaderboard.json").read_text())["claims"]
+    assert [c["verdict"] for c in claims_json] == ["reproduced", "reproduced", "reproduced", "not evaluated",
+                                                   "contradicted"]
+    assert claims_json[3]["p_reproduce"] is None and claims_json[0]["diff_ci_low"] > 0
     page = (paths.root / "report.html").read_text()
     assert "<h2 id='claims'>" in page and "<td class='contradicted'>contradicted</td>" in page
 

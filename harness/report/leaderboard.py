@@ -15,7 +15,9 @@ The modules behind it, in their one-way import order, are listed in ``harness/re
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import math
 import tempfile
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from harness.report import html, plots
 from harness.report.evidence import Evidence, read_sweep
 from harness.report.markdown import markdown
 from harness.report.reported import load_reported
-from harness.report.summary import BOOTSTRAP_SEED, SUMMARY_COLUMNS, summarize
+from harness.report.summary import BOOTSTRAP_SEED, SUMMARY_COLUMNS, claim_verdicts, summarize
+from harness.report.verdicts import Verdict
 
 
 def write_csv(rows: list[dict], path: Path, columns: list[str] | None = None) -> Path:
@@ -59,6 +62,17 @@ def inspect_sample_batch(evidence: Evidence, paths: SweepPaths) -> tuple[Path | 
     return batch_file, outputs
 
 
+def verdict_record(v: Verdict) -> dict:
+    """One judged claim for leaderboard.json: the claim (points), the verdicts and the interval (fractions)."""
+    iv = v.interval
+    numbers = {"diff": None if iv is None else iv.estimate, "diff_ci_low": None if iv is None else iv.low,
+               "diff_ci_high": None if iv is None else iv.high, "detectable": v.detectable,
+               "p_reproduce": v.p_reproduce, "p_contradict": v.p_contradict, "holm_p_reproduce": v.holm_p_reproduce,
+               "holm_p_contradict": v.holm_p_contradict}
+    return {**dataclasses.asdict(v.claim), "verdict": v.verdict, "reason": v.reason, "holm": v.holm,
+            **{k: None if x is None or math.isnan(x) else x for k, x in numbers.items()}}  # no NaN in JSON
+
+
 def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path | None = None,
                       n_resamples: int = stats.N_RESAMPLES) -> list[Path]:
     """Read the sweep, compute the statistics, write the tables, figures and report.html; return what was written."""
@@ -73,9 +87,11 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
         write_csv(summary, root / "leaderboard.csv", SUMMARY_COLUMNS),
         write_csv(evidence.run_rows, root / "leaderboard_runs.csv"),
         write_json_atomic(root / "leaderboard.json", {
-            "config": resolved.to_dict(), "statistics": {"confidence": stats.CONFIDENCE, "n_resamples": n_resamples,
-                                                         "bootstrap_seed": BOOTSTRAP_SEED},
-            "summary": summary, "runs": evidence.run_rows}),
+            "config": resolved.to_dict(), "statistics": {
+                "confidence": stats.CONFIDENCE, "interval": "crossed seed x problem t interval (means, differences)",
+                "n_resamples": n_resamples, "bootstrap_seed": BOOTSTRAP_SEED},
+            "summary": summary, "claims": [verdict_record(v) for v in claim_verdicts(evidence, reported)],
+            "runs": evidence.run_rows}),
     ]
     batch_file, inspected = inspect_sample_batch(evidence, paths)
     page = html.render(evidence, resolved, summary, reported, figures, batch_file, inspected, n_resamples)

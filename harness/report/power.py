@@ -62,12 +62,6 @@ class VarianceComponents:
     def weight(self) -> float:
         return 1.0 / len(self.n_problems)
 
-    def restrict(self, bench: str) -> VarianceComponents:
-        """The components of one benchmark alone (its seed component is not separable from the others' in the
-        aggregate; use ``variance_components`` on that benchmark for it)."""
-        return VarianceComponents(self.seed, {bench: self.problem[bench]}, {bench: self.residual[bench]},
-                                  {bench: self.n_problems[bench]}, self.n_seeds)
-
 
 def variance_components(differences: Mapping[str, np.ndarray]) -> VarianceComponents:
     """Components from paired-difference matrices {bench: (S, P_b)} with S >= 2 (module docstring)."""
