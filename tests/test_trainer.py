@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from harness.config.schema import PresetConfig
 from harness.model.policy import load_policy
-from harness.train.adapter import BATCH_PREFIX, TargetedGRPOTrainer, grpo_config
+from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
 from methods.registry import get_method_class
 
 
@@ -53,8 +53,8 @@ def loss_inputs(trainer, seed=0):
     return {
         "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
         "completion_mask": completion_mask, "advantages": advantages[:, None] * completion_mask,
-        f"{BATCH_PREFIX}rewards": rewards, f"{BATCH_PREFIX}group_ids": torch.tensor([0, 0, 1, 1]),
-        f"{BATCH_PREFIX}rollout_advantages": advantages,
+        f"{ROLLOUT_KEY_PREFIX}rewards": rewards, f"{ROLLOUT_KEY_PREFIX}group_ids": torch.tensor([0, 0, 1, 1]),
+        f"{ROLLOUT_KEY_PREFIX}rollout_advantages": advantages,
     }
 
 

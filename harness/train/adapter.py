@@ -1,21 +1,21 @@
 """The TRL adapter: the only module that imports TRL (pinned: trl==1.16.0; its private methods change).
 
-``TargetedGRPOTrainer`` keeps TRL's rollout generation, reward calls, optimizer, scheduler and logging, and owns
-two steps:
+``TargetedGRPOTrainer`` keeps TRL's rollout generation, reward calls, optimizer, scheduler and logging, and
+overrides two steps:
 
 - ``_generate_and_score_completions``: after TRL has generated and scored, the harness computes the baseline's
   advantages from the raw rewards and runs ``harness.train.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
   ``before_forward``). Dropped rollouts and truncated columns are removed from the batch here, *before* any
   forward pass, so what a method skips is really skipped.
-- ``_compute_loss``: token statistics from the last hidden states in chunks (``harness.train.token_statistics``), the
-method's
-  weights and denominator (``harness.train.hooks.weigh_tokens``), and the clipped surrogate
-  ``l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``; loss = sum(w l) / D (+ beta * KL over all tokens).
+- ``_compute_loss``: token statistics from the last hidden states (``harness.train.token_statistics``), computed
+  by row chunks (``harness.train.row_chunks``), the method's weights and denominator
+  (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens) of
+  ``harness.train.loss``, the pure module that holds the arithmetic.
 
 TRL is configured so that it computes no old-policy or reference log-probs itself (one optimizer step per
 generation batch, TRL's own beta = 0): with a single pass over each batch pi_old = pi_theta, and the reference
-forward (beta > 0) runs here on the reduced batch. Contract tests (tests/test_trainer_contract.py) pin the TRL
-internals this relies on.
+forward (beta > 0) runs here on the reduced batch. The TRL internals this relies on (version pin, signatures of
+the overridden methods) are pinned by the contract tests at the top of tests/test_trainer.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import math
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -37,10 +37,15 @@ from harness.config.schema import PresetConfig
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
 from harness.train.hooks import PreparedBatch, new_rollout_batch, prepare_batch, weigh_tokens
+from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
+from harness.train.row_chunks import RowChunk, row_chunks, statistics_by_row_chunks
 from harness.train.token_statistics import model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, aggregation_weights, group_advantages
 
-BATCH_PREFIX = "tt_"  # keys this adapter adds to TRL's batch dict; TRL shuffles them with the other rows
+# Prefix of the keys this adapter adds to TRL's batch dict for the RolloutBatch fields TRL does not carry (rewards,
+# group ids, rollout advantages, a method's extras). TRL slices and shuffles every tensor of the dict by rows, so
+# they stay aligned with the rows; "tt" = token targeting, a prefix no TRL key uses.
+ROLLOUT_KEY_PREFIX = "tt_"
 LEDGER_FILE = "harness_budget.json"  # the budget ledger, saved in each resumable trainer checkpoint
 
 
@@ -251,12 +256,12 @@ class TargetedGRPOTrainer(GRPOTrainer):
             "completion_mask": kept.completion_mask.to(device=device, dtype=out["completion_mask"].dtype),
             "advantages": kept.advantages.to(device),
             "num_items_in_batch": kept.completion_mask.sum().to(device),
-            f"{BATCH_PREFIX}rewards": kept.rewards.to(device),
-            f"{BATCH_PREFIX}group_ids": kept.group_ids.to(device),
-            f"{BATCH_PREFIX}rollout_advantages": kept.rollout_advantages.to(device),
+            f"{ROLLOUT_KEY_PREFIX}rewards": kept.rewards.to(device),
+            f"{ROLLOUT_KEY_PREFIX}group_ids": kept.group_ids.to(device),
+            f"{ROLLOUT_KEY_PREFIX}rollout_advantages": kept.rollout_advantages.to(device),
         }
         for name, value in kept.extras.items():
-            reduced[f"{BATCH_PREFIX}extra_{name}"] = value.to(device)
+            reduced[f"{ROLLOUT_KEY_PREFIX}extra_{name}"] = value.to(device)
         return reduced
 
     def _count_generation(self, out: dict) -> None:
@@ -268,155 +273,109 @@ class TargetedGRPOTrainer(GRPOTrainer):
         ledger.generated_tokens += int(sum(completion_lengths))
         ledger.flops["generation"] += generation_flops(self.model_shape, prompt_lengths, completion_lengths)
 
-    # --- loss ---------------------------------------------------------------------------------------------------
+    # --- loss: statistics, the method's weights, the pure loss (harness.train.loss) -------------------------------
 
     def _rollout_batch_from_inputs(self, inputs: dict) -> RolloutBatch:
-        extras = {k.removeprefix(f"{BATCH_PREFIX}extra_"): v for k, v in inputs.items()
-                  if k.startswith(f"{BATCH_PREFIX}extra_")}
+        extras = {k.removeprefix(f"{ROLLOUT_KEY_PREFIX}extra_"): v for k, v in inputs.items()
+                  if k.startswith(f"{ROLLOUT_KEY_PREFIX}extra_")}
         mask = inputs["completion_mask"].float()
         return RolloutBatch(
             completion_ids=inputs["completion_ids"], completion_mask=mask,
-            rewards=inputs[f"{BATCH_PREFIX}rewards"], group_ids=inputs[f"{BATCH_PREFIX}group_ids"],
-            rollout_advantages=inputs[f"{BATCH_PREFIX}rollout_advantages"], advantages=inputs["advantages"],
+            rewards=inputs[f"{ROLLOUT_KEY_PREFIX}rewards"], group_ids=inputs[f"{ROLLOUT_KEY_PREFIX}group_ids"],
+            rollout_advantages=inputs[f"{ROLLOUT_KEY_PREFIX}rollout_advantages"], advantages=inputs["advantages"],
             keep=torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device),
             special_token_ids=self.special_token_ids, extras=extras)
 
-    def _row_chunks(self, inputs: dict, rows_per_chunk: int):
-        """Rows sorted by length and cut into chunks, each trimmed to its own longest prompt and kept completion:
-        what a method truncated (NAT) is not computed even when other rows of the batch are longer."""
-        prompt_lengths = inputs["prompt_mask"].sum(dim=1)
-        positions = torch.arange(1, inputs["completion_mask"].shape[1] + 1, device=prompt_lengths.device)
-        completion_lengths = (inputs["completion_mask"] * positions).amax(dim=1).long().clamp(min=1)
-        order = torch.argsort(prompt_lengths + completion_lengths, stable=True)
-        for rows in order.split(rows_per_chunk):
-            prompt_width, completion_width = int(prompt_lengths[rows].max()), int(completion_lengths[rows].max())
-            prompt_cols = slice(inputs["prompt_ids"].shape[1] - prompt_width, None)  # prompts are left-padded
-            input_ids = torch.cat([inputs["prompt_ids"][rows, prompt_cols],
-                                   inputs["completion_ids"][rows, :completion_width]], dim=1)
-            attention_mask = torch.cat([inputs["prompt_mask"][rows, prompt_cols],
-                                        inputs["completion_mask"][rows, :completion_width]], dim=1)
-            yield rows, input_ids, attention_mask, completion_width
-
-    def _chunk_statistics(self, model, chunk, extras: tuple[str, ...], phase: str, backward: bool) -> dict:
-        """Statistics (rows, width) of one row chunk; its FLOPs go to ``phase`` (x3 when a backward follows)."""
-        rows, input_ids, attention_mask, width = chunk
+    def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
+                              backward: bool) -> dict[str, torch.Tensor]:
+        """Statistics (b, T') of one row chunk; its FLOPs go to ``phase`` (x3 when a backward follows)."""
         train = self.preset.train
-        stats = model_token_statistics(model, input_ids, attention_mask, width, extras, train.temperature,
-                                       train.stats_chunk_size)
-        flops = padded_forward_flops(self.model_shape, len(rows), input_ids.shape[1], width)
+        stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width, extras,
+                                       train.temperature, train.stats_chunk_size)
+        positions = chunk.input_ids.numel()
+        flops = padded_forward_flops(self.model_shape, len(chunk.rows), chunk.input_ids.shape[1],
+                                     chunk.completion_width)
         self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
-        self.step_ledger.forwarded_positions += input_ids.numel()
+        self.step_ledger.forwarded_positions += positions
         if backward:
-            self.step_ledger.trained_positions += input_ids.numel()
+            self.step_ledger.trained_positions += positions
         return stats
 
     def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str,
                             backward: bool) -> dict[str, torch.Tensor]:
-        """Token statistics (B, T) assembled from the row chunks of ``train.forward_chunk_rows`` rows."""
-        T = inputs["completion_ids"].shape[1]
-        pieces, order = [], []
-        for chunk in self._row_chunks(inputs, self.preset.train.forward_chunk_rows):
-            stats = self._chunk_statistics(model, chunk, extras, phase, backward)
-            pieces.append({k: torch.nn.functional.pad(v, (0, T - chunk[3])) for k, v in stats.items()})
-            order.append(chunk[0])
-        inverse = torch.argsort(torch.cat(order))
-        return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
+        """Token statistics (B, T) of the whole batch, computed ``train.forward_chunk_rows`` rows at a time."""
+        return statistics_by_row_chunks(inputs, self.preset.train.forward_chunk_rows,
+                                        lambda chunk: self._row_chunk_statistics(model, chunk, extras, phase, backward))
+
+    def _reference_logp(self, inputs: dict | RowChunk) -> torch.Tensor:
+        """log pi_ref (no grad) of the whole batch (a dict) or of one row chunk, timed as the reference phase."""
+        started = self.clock.start()
+        with torch.no_grad():
+            if isinstance(inputs, RowChunk):
+                ref_logp = self._row_chunk_statistics(self.ref_policy, inputs, (), "reference", backward=False)["logp"]
+            else:
+                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False)["logp"]
+        self.clock.stop("reference", started)
+        return ref_logp
 
     def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True) -> TokenStats:
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
         stats = self._chunked_statistics(model, inputs, extras, "train", backward)
-        ref_logp = None
-        if reference and self.ref_policy is not None:
-            started = self.clock.start()
-            with torch.no_grad():
-                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False)["logp"]
-            self.clock.stop("reference", started)
+        ref_logp = self._reference_logp(inputs) if reference and self.ref_policy is not None else None
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
                           sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
 
-    def _policy_loss(self, logp, ref_logp, advantages, mask, kl_weights, weights, denominator,
-                     ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """sum(weights * clipped surrogate) / denominator, plus beta x the k3 KL over every completion token;
-        and the KL summed over the ``mask`` tokens, for the log."""
-        ratio = torch.exp(logp - logp.detach())  # one optimizer step per generation batch: pi_old = pi_theta
-        # l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
-        unclipped = ratio * advantages
-        clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high) * advantages
-        loss = (weights * -torch.minimum(unclipped, clipped)).sum() / denominator
-        kl_sum = torch.zeros((), device=logp.device)
-        if ctx.beta > 0:
-            # k3 estimator of KL(pi_theta || pi_ref), over every completion token (not the method's selection)
-            log_ratio_ref = ref_logp - logp
-            kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
-            base_weights, base_denominator = kl_weights
-            loss = loss + ctx.beta * (base_weights * kl).sum() / base_denominator
-            kl_sum = (kl.detach() * mask).sum()
-        return loss, kl_sum
-
-    def _log_kl(self, kl_sum: torch.Tensor, mask: torch.Tensor, ctx: StepContext) -> None:
-        if ctx.beta > 0:
-            self._log_train("kl", float(kl_sum / mask.sum().clamp(min=1)))
+    def _loss_config(self, ctx: StepContext) -> LossConfig:
+        return LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high, beta=ctx.beta)
 
     def _compute_loss(self, model, inputs):
+        """The method's weights on the whole batch, then ``sum(w l) / D`` (+ beta KL) of its rows: in one forward +
+        backward, or (``train.backward_chunk_rows``) row chunk by row chunk after a no-grad forward that gives the
+        method its batch-wide statistics. One optimizer step per micro-batch (``grpo_config``): no accumulation
+        scaling of the returned loss."""
         started = time.perf_counter()
         ctx = self.step_context()
         batch = self._rollout_batch_from_inputs(inputs)
         chunk_rows = self.preset.train.backward_chunk_rows
-        if chunk_rows and batch.completion_mask.shape[0] > chunk_rows:
-            return self._loss_in_backward_chunks(model, inputs, batch, ctx, chunk_rows, started)
-        stats = self._token_stats(model, inputs)
+        in_chunks = bool(chunk_rows) and batch.completion_mask.shape[0] > chunk_rows
+        with torch.no_grad() if in_chunks else nullcontext():
+            # in chunks, the reference forward of the KL term runs per chunk (a method reading ref_logp needs it here)
+            stats = self._token_stats(model, inputs, backward=not in_chunks,
+                                      reference=not in_chunks or "ref_logp" in self.method.needs)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
-        kl_weights = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
-        loss, kl_sum = self._policy_loss(stats.logp, stats.ref_logp, batch.advantages, mask, kl_weights,
-                                         result.weights, result.denominator, ctx)
-        self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
-        self._log_kl(kl_sum, mask, ctx)
+        kl_weights, kl_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
+        loss_inputs = LossInputs(batch.advantages, mask, result.weights, result.denominator, kl_weights,
+                                 kl_denominator, ref_logp=stats.ref_logp)
+        config = self._loss_config(ctx)
+        if in_chunks:
+            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows)
+        else:
+            loss, metrics = loss_of_rows(stats.logp, loss_inputs, config)
+        self._log_step_metrics(stats, result, metrics, mask, started)
         if not torch.isfinite(loss.detach()):
             return self._skip_nonfinite_step(model, loss)
-        return loss  # one micro-batch per optimizer step (grpo_config): no accumulation scaling
+        return loss
 
-    def _loss_in_backward_chunks(self, model, inputs, batch: RolloutBatch, ctx: StepContext, chunk_rows: int,
-                                 started: float):
-        """The same loss and gradient with activations of only ``chunk_rows`` rows alive at a time: a no-grad
-        forward over the whole batch gives the method its statistics and the token weights; then each row chunk
-        runs forward + backward with its share of the loss (gradients accumulate, synchronised across processes
-        only in the last backward, which the Trainer runs on the returned loss). Costs one more forward. The
-        reference forward of the KL term runs per chunk, on the same shape as the policy's (a method that reads
-        ref_logp in its weights gets it from the no-grad pass as well)."""
-        with torch.no_grad():
-            stats = self._token_stats(model, inputs, backward=False, reference="ref_logp" in self.method.needs)
-        result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
-        mask = batch.completion_mask
-        self._log_step_metrics(stats, result, batch.advantages, mask, ctx, started)
-        base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
-        weights = result.weights.detach()
-        chunks = list(self._row_chunks(inputs, chunk_rows))
-        done, kl_sum = torch.zeros((), device=mask.device), torch.zeros((), device=mask.device)
+    def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
+                                 chunk_rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of the whole batch with activations of only ``chunk_rows`` rows alive at a time: each row chunk
+        runs forward + backward with its share of the loss (its rows' terms over the whole batch's denominators),
+        gradients accumulating, synchronised across processes only in the last backward, which the Trainer runs on
+        the returned loss. Returns the whole loss's value (with the last chunk's graph) and the batch's metrics."""
+        chunks = list(row_chunks(inputs, chunk_rows))
+        done, parts = torch.zeros((), device=loss_inputs.mask.device), []
         for index, chunk in enumerate(chunks):
-            rows, width = chunk[0], chunk[3]
-            logp = self._chunk_statistics(model, chunk, (), "train", backward=True)["logp"]
-            ref_logp = self._chunk_reference_logp(chunk) if ctx.beta > 0 else None
-            loss, chunk_kl = self._policy_loss(logp, ref_logp, batch.advantages[rows, :width], mask[rows, :width],
-                                               (base_weights[rows, :width], base_denominator),
-                                               weights[rows, :width], result.denominator, ctx)
-            kl_sum = kl_sum + chunk_kl
+            logp = self._row_chunk_statistics(model, chunk, (), "train", backward=True)["logp"]
+            ref_logp = self._reference_logp(chunk) if config.beta > 0 else None
+            rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
+            loss, metrics = loss_of_rows(logp, rows, config, ref_logp=ref_logp)
+            parts.append((metrics, rows.mask.sum()))
             if index == len(chunks) - 1:
-                self._log_kl(kl_sum, mask, ctx)
-                total = loss + done  # the value of the whole loss; the gradient of the last chunk
-                if not torch.isfinite(total.detach()):
-                    return self._skip_nonfinite_step(model, total)
-                return total
+                return loss + done, combine_row_metrics(parts)  # the whole loss's value; the last chunk's gradient
             with self._gradients_accumulate(model):
                 self.accelerator.backward(loss)
             done = done + loss.detach()
-
-    def _chunk_reference_logp(self, chunk) -> torch.Tensor:
-        started = self.clock.start()
-        with torch.no_grad():
-            ref_logp = self._chunk_statistics(self.ref_policy, chunk, (), "reference", backward=False)["logp"]
-        self.clock.stop("reference", started)
-        return ref_logp
 
     @contextmanager
     def _gradients_accumulate(self, model):
@@ -504,14 +463,12 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _log_train(self, name: str, value: float) -> None:
         self._metrics["train"][name].append(value)
 
-    def _log_step_metrics(self, stats: TokenStats, result, advantages, mask, ctx: StepContext, started: float) -> None:
+    def _log_step_metrics(self, stats: TokenStats, result, loss_metrics: dict[str, torch.Tensor], mask,
+                          started: float) -> None:
         with torch.no_grad():
             n_tokens = mask.sum().clamp(min=1)
-            ratio = torch.exp(stats.logp.detach() - stats.old_logp)  # 1 with one optimizer step per batch
-            clipped = ((ratio > 1 + ctx.clip_eps_high) & (advantages > 0)) | (
-                (ratio < 1 - ctx.clip_eps_low) & (advantages < 0))
             weighted = (result.weights != 0) & (mask > 0)
-            self._log_train("clip_ratio/region_mean", float((clipped * mask).sum() / n_tokens))
+            self._log_train("clip_ratio/region_mean", float(loss_metrics["clip_ratio/region_mean"]))
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
                 self._log_train("entropy", float((stats.entropy * mask).sum() / n_tokens))
@@ -519,6 +476,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
             for name, value in result.metrics.items():
                 self._log_train(f"method/{name}", float(value))
             self._log_train("time/loss_s", time.perf_counter() - started)
+            if "kl" in loss_metrics:
+                self._log_train("kl", float(loss_metrics["kl"]))
 
 
 class BudgetCallback(TrainerCallback):

@@ -31,9 +31,10 @@ EXTRA_STATISTICS = ("entropy", "sum_p2")
 UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 
 
-def _chunk_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float,
-                      extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-    """(N, H) hidden, (N,) targets -> logp (N,) [, entropy (N,)] [, sum_p2 (N,)] for one chunk."""
+def _position_chunk_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor,
+                               temperature: float, extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+    """(N, H) hidden, (N,) targets -> logp (N,) [, entropy (N,)] [, sum_p2 (N,)] for one chunk of positions
+    (flattened over rows; the trainer's row chunks are ``harness.train.row_chunks``)."""
     logits = lm_head(hidden).float() / temperature  # (N, V)
     log_norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
@@ -63,8 +64,8 @@ def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
         args = (flat_hidden[start:start + chunk_size], lm_head, flat_targets[start:start + chunk_size], temperature,
                 extras)
         use_checkpoint = torch.is_grad_enabled() and flat_hidden.requires_grad
-        pieces.append(checkpoint(_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
-                      else _chunk_statistics(*args))
+        pieces.append(checkpoint(_position_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
+                      else _position_chunk_statistics(*args))
     names = ("logp", *extras)
     return {name: torch.cat([p[i] for p in pieces]).reshape(B, T) for i, name in enumerate(names)}
 
