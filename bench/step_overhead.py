@@ -63,7 +63,8 @@ def build_trainer(variant: str, resolved, paths, workdir: Path, progress: float 
 
     from harness.config.schema import load_method
     from harness.model.policy import load_policy
-    from harness.train.adapter import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.train.callbacks import BudgetCallback
     from methods.registry import get_method_class
 
     preset = copy.deepcopy(resolved.preset)

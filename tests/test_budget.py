@@ -81,7 +81,7 @@ def test_steps_budget_is_exact(tiny_sweep):
 
 
 def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tiny_sweep, monkeypatch):
-    from harness.train import adapter as trainer_module
+    from harness.train import callbacks as trainer_module
 
     settings = ("train.budget.amount=4", "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1")
     full, paths = train(tiny_sweep, "uniform", *settings)

@@ -29,7 +29,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
@@ -478,54 +477,3 @@ class TargetedGRPOTrainer(GRPOTrainer):
             self._log_train("time/loss_s", time.perf_counter() - started)
             if "kl" in loss_metrics:
                 self._log_train("kl", float(loss_metrics["kl"]))
-
-
-class BudgetCallback(TrainerCallback):
-    """Closes each step's accounting, saves the model at budget fractions, stops once the budget is spent, and
-    appends every log record (one per optimizer step) to ``metrics.jsonl``."""
-
-    def __init__(self, trainer: TargetedGRPOTrainer, checkpoint_dirs: dict[float, Path], metrics_path: Path):
-        self.trainer = trainer
-        self.checkpoint_dirs = dict(sorted(checkpoint_dirs.items()))  # budget fraction -> directory
-        self.metrics_path = metrics_path
-        self._step_started = None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._step_started = self.trainer.clock.start()
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        trainer, ledger = self.trainer, self.trainer.ledger
-        trainer.clock.stop("step", self._step_started)
-        seconds = trainer.clock.collect()
-        trainer.close_step_accounting(seconds, seconds.pop("step", 0.0))
-        budget = trainer.preset.train.budget
-        spent = ledger.spent(budget.kind)
-        for fraction, directory in self.checkpoint_dirs.items():
-            if directory.name not in trainer.saved_checkpoints and spent >= fraction * budget.amount * (1 - 1e-9):
-                self._save_model(model, directory)
-                trainer.saved_checkpoints[directory.name] = {"fraction": fraction, "step": state.global_step,
-                                                             "spent": spent, **ledger.summary()}
-        if spent >= budget.amount * (1 - 1e-9):
-            control.should_training_stop = True
-
-    def _save_model(self, model, directory: Path) -> None:
-        """Every process takes part in gathering the full weights (ZeRO-3 and FSDP shard them); the main process
-        writes them; the others wait until the folder exists."""
-        from harness.model.policy import save_policy
-
-        trainer = self.trainer
-        accelerator = trainer.accelerator
-        state_dict = accelerator.get_state_dict(trainer.deepspeed if trainer.is_deepspeed_enabled else model)
-        if accelerator.is_main_process:
-            staging = directory.with_name(directory.name + ".partial")
-            save_policy(accelerator.unwrap_model(model), trainer.processing_class, staging, state_dict)
-            staging.rename(directory)
-        accelerator.wait_for_everyone()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs or not state.is_world_process_zero:
-            return
-        record = {"step": state.global_step, **self.trainer.ledger.summary()}
-        record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()})
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")

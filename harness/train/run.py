@@ -99,7 +99,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     from datasets import Dataset
     from transformers import set_seed
 
-    from harness.train.adapter import BudgetCallback, TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
+    from harness.train.callbacks import BudgetCallback
     from methods.registry import get_method_class
 
     preset = resolved.preset
