@@ -12,6 +12,15 @@ With H_{i,t} the entropy of pi_theta (the training policy, at the current forwar
                      L = sum_{i,t} S l / sum S                                              (denominator: selected)
     trl:             tau = quantile_{(i,t) in M}(H, 1 - rho) (linear interpolation),  S = M & (H >= tau)
                      L = sum_{i,t} S l / sum M                                              (denominator: all)
+    ets:             tau = sort(H[M])[r - 1],  r = int(n (1 - rho)),  S = M & (H >= tau) & (H != 0)
+                     L = sum_{i,t} S l / sum M                                              (denominator: all)
+
+"ets" is the ETS baseline of the GMTS paper (Lv et al., arXiv 2608.30632): github.com/outongyiLv/GMTS @70fcd28,
+GMTS-Framework1/grpo_tools/grpo.py ``update_policy`` with ``use_TES_method`` and ``selected_percent`` = 1 - rho:
+the r lowest entropies of the mini-batch are removed by a threshold (ties with the r-th are kept), a token whose
+entropy is 0 is never kept (the code marks removed tokens by zeroing their entropy), and the advantages of removed
+tokens are zeroed while the loss still divides by every response token. With r = 0 the official index r - 1 = -1
+takes the largest entropy as the threshold; that case only arises for n = 1, where it keeps that token (if H > 0).
 
 ``int(n rho + 0.9999)`` is the official ceil: it equals ceil(n rho) unless the fractional part of n rho lies in
 (0, 1e-4), and it absorbs float error (25 * 0.28 = 7.000000000000001 keeps 7, math.ceil would keep 8). Ties at the
@@ -26,7 +35,8 @@ unselected tokens weighted 0 (what TRL does).
 Deviations (also in ``Entropy.deviations``): the ranking scope is the batch handed to ``token_weights`` (the
 trainer's update batch), not verl's per-GPU micro-batch; TRL's threshold is taken over this process's tokens (TRL
 gathers every rank's tokens); under seq-mean-token-mean a rollout without a selected token is left out of the
-sequence mean (verl divides 0 by 0 there).
+sequence mean (verl divides 0 by 0 there); ets normalises by the run's aggregation over every token of the batch,
+where Framework1 folds a per-group token count into the advantage (DAPO: A / sum of the group's lengths).
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import torch
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
 from methods.registry import register_method
 
-SEMANTICS = ("verl", "trl")
+SEMANTICS = ("verl", "trl", "ets")
 DENOMINATORS = ("auto", "selected", "all")
 QUANTILE_MAX_NUMEL = 2**24  # torch.quantile refuses larger inputs
 
@@ -82,6 +92,17 @@ def quantile_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float)
     return (entropy.float() >= threshold) & mask, float(threshold)  # ties at tau are kept
 
 
+def ets_threshold_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> tuple[torch.Tensor, float]:
+    """GMTS Framework1's ETS: (mask (B, T) bool, threshold), removing the int(n (1 - rho)) lowest entropies."""
+    mask = mask.bool()
+    valid = entropy[mask]  # (n,)
+    if valid.numel() == 0:
+        return torch.zeros_like(mask), float("nan")
+    removed = int(valid.numel() * (1.0 - rho))
+    threshold = torch.sort(valid).values[removed - 1]  # tau = sort(H[M])[r - 1]; r = 0 indexes the largest, as official
+    return mask & (entropy >= threshold) & (entropy != 0), float(threshold)
+
+
 @register_method("entropy")
 class Entropy(Method):
     """Top-rho tokens by pi_theta entropy within the update batch; the loss averages over them (verl)."""
@@ -91,6 +112,7 @@ class Entropy(Method):
         "ranking scope is the update batch handed to token_weights, not verl's per-GPU micro-batch",
         "trl semantics: the quantile is taken over this process's tokens (TRL gathers across ranks)",
         "seq-mean-token-mean with the selected denominator skips rollouts without a selected token (verl: 0/0)",
+        "ets semantics: the run's aggregation over the batch, not Framework1's per-group token count in the advantage",
     )
 
     @dataclass
@@ -98,10 +120,13 @@ class Entropy(Method):
         rho: float = 0.2
         """Fraction of the batch's completion tokens kept, by entropy (paper: 0.2; ablations 0.1/0.5/1.0)."""
         semantics: str = "verl"
-        """"verl": official top-k with k = max(1, int(n rho + 0.9999)); "trl": TRL's quantile threshold, ties kept."""
+        """"verl": official top-k with k = max(1, int(n rho + 0.9999)); "trl": TRL's quantile threshold, ties kept;
+        "ets": the GMTS paper's ETS baseline (threshold at the int(n (1 - rho))-th lowest entropy, ties kept, zero
+        entropies dropped)."""
         denominator: str = "auto"
-        """"auto": the semantics' own ("selected" for verl, "all" for trl); "selected": the run's aggregation over
-        the selected tokens; "all": the run's aggregation over every completion token, unselected ones weigh 0."""
+        """"auto": the semantics' own ("selected" for verl, "all" for trl and ets); "selected": the run's
+        aggregation over the selected tokens; "all": the run's aggregation over every completion token, unselected
+        ones weigh 0."""
 
         def __post_init__(self):
             if not 0.0 < self.rho <= 1.0:
@@ -124,8 +149,10 @@ class Entropy(Method):
         if self.config.semantics == "verl":
             selected = top_entropy_mask(entropy, mask, self.config.rho)
             threshold = float(entropy[selected].min()) if bool(selected.any()) else float("nan")
-        else:
+        elif self.config.semantics == "trl":
             selected, threshold = quantile_entropy_mask(entropy, mask, self.config.rho)
+        else:
+            selected, threshold = ets_threshold_mask(entropy, mask, self.config.rho)
         selected = selected.to(torch.float32)
         if self.denominator_mode() == "selected":  # L = sum_S l / |S| under token-mean
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)

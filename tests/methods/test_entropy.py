@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
-from methods.entropy import Entropy, official_top_k, quantile, quantile_entropy_mask
+from methods.entropy import Entropy, ets_threshold_mask, official_top_k, quantile, quantile_entropy_mask
 from methods.uniform import Uniform
 
 
@@ -95,6 +95,40 @@ def test_trl_semantics_keeps_ties_and_keeps_all_token_denominator():
     assert float(out.denominator) == 10.0  # unchanged: all completion tokens
     verl = Entropy().token_weights(stats_of(torch.zeros(2, 5), entropy), make_batch(mask), StepContext())
     assert int((verl.weights > 0).sum()) == 2 and float(verl.denominator) == 2.0
+
+
+def test_ets_removes_the_lowest_80_percent_by_threshold_keeps_ties_and_drops_zero_entropy():
+    # 10 real tokens, rho = 0.2: r = int(10 * 0.8) = 8; tau = the 8th lowest = 2.0, tied with two more: 3 kept (> 2)
+    entropy = torch.tensor([[0.0, 0.1, 0.2, 0.3, 2.0, 9.0], [0.4, 0.5, 0.6, 2.0, 2.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1.0]])  # the 9.0 is padding
+    selected, threshold = ets_threshold_mask(entropy, mask, 0.2)
+    assert threshold == 2.0
+    assert selected.tolist() == [[False, False, False, False, True, False], [False, False, False, True, True, True]]
+    out = Entropy(Entropy.Config(semantics="ets")).token_weights(
+        stats_of(torch.zeros(2, 6), entropy), make_batch(mask, group_size=1), StepContext())
+    assert torch.equal(out.weights > 0, selected)
+    assert float(out.denominator) == 11.0  # every completion token: unselected ones only lose their advantage
+
+
+def test_ets_never_keeps_a_zero_entropy_token():
+    # 5 tokens, r = int(5 * 0.8) = 4: tau = the 4th lowest = 0.0, so H >= tau holds for all; H = 0 is still dropped
+    entropy = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.5]])
+    selected, threshold = ets_threshold_mask(entropy, torch.ones(1, 5), 0.2)
+    assert threshold == 0.0 and selected.tolist() == [[False, False, False, False, True]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_tokens=st.integers(1, 40), rho_percent=st.integers(1, 100), seed=st.integers(0, 2**16))
+def test_ets_matches_a_loop_restatement_of_framework1(n_tokens, rho_percent, seed):
+    # Framework1: threshold = sorted(H)[int(n * selected_percent) - 1]; H < threshold -> 0; kept = H != 0
+    g = torch.Generator().manual_seed(seed)
+    entropy = torch.round(torch.rand(1, n_tokens, generator=g) * 4) / 4  # quarter steps: many ties and zeros
+    rho = rho_percent / 100
+    values = sorted(entropy[0].tolist())
+    threshold = values[int(n_tokens * (1 - rho)) - 1]
+    expected = [h if h >= threshold else 0.0 for h in entropy[0].tolist()]
+    selected, _ = ets_threshold_mask(entropy, torch.ones(1, n_tokens), rho)
+    assert selected[0].tolist() == [h != 0 for h in expected]
 
 
 def test_trl_threshold_is_torch_quantile_over_real_tokens():
@@ -189,7 +223,7 @@ def test_gradient_matches_the_paper_loss(semantics):
 @pytest.mark.parametrize("field,value,message", [
     ("rho", 1.5, "method.rho must be in (0, 1], got 1.5"),
     ("rho", 0.0, "method.rho must be in (0, 1], got 0.0"),
-    ("semantics", "openrlhf", "method.semantics must be one of ['verl', 'trl']"),
+    ("semantics", "openrlhf", "method.semantics must be one of ['verl', 'trl', 'ets']"),
     ("denominator", "tokens", "method.denominator must be one of ['auto', 'selected', 'all']"),
 ])
 def test_config_range_checks(field, value, message):
