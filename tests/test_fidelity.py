@@ -74,3 +74,25 @@ def test_a_fully_matching_table_is_called_a_reproduction(tmp_path):
         f"  {e}:\n    paper: as ours\n    expect: {{train.learning_rate: 1.0e-4}}\n" for e in REQUIRED_ELEMENTS)
     fidelity = load_fidelity(_write(tmp_path, text), resolve(SWEEPS / "default.yaml"))  # tiny: lr 1e-4
     assert fidelity.is_reproduction and fidelity.verdict().startswith("reproduction")
+
+
+def test_the_report_opens_with_the_fidelity_table(tmp_path):
+    from report_fixture import build_sweep
+
+    from harness.report.leaderboard import write_leaderboard
+
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    text = "source: Table 9 of a paper\nelements:\n" + "".join(
+        f"  {e}:\n    paper: p-{e}\n    expect: {{train.learning_rate: 1.0e-4}}\n" for e in REQUIRED_ELEMENTS[:-1])
+    text += "  budget:\n    paper: 100 steps\n    status: departure\n    note: matched FLOPs instead\n"
+    write_leaderboard(resolved, paths, fidelity_file=_write(tmp_path, text))
+    md = (paths.root / "leaderboard.md").read_text()
+    assert md.index("## Protocol fidelity") < md.index("Accuracy in %")  # before any number is read
+    assert ("**simplified comparison, not a reproduction: 1 of 14 protocol elements depart from the paper or are "
+            "unknown (budget).** Source: Table 9 of a paper.") in md
+    assert "| budget | 100 steps | - | departure | matched FLOPs instead |" in md
+    page = (paths.root / "report.html").read_text()
+    assert page.index("Protocol fidelity") < page.index("id='leaderboard'")
+    assert "<td>p-lr</td><td>train.learning_rate=0.0001</td><td>match</td>" in page.replace("\n", "")
+    write_leaderboard(resolved, paths)  # no file for this sweep: no section
+    assert "Protocol fidelity" not in (paths.root / "leaderboard.md").read_text()

@@ -312,8 +312,8 @@ def test_one_seed_sweep_says_so(tmp_path):
 
 REPORT_DIR = REPO / "harness" / "report"
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
-REPORT_MODULE_ORDER = ["bootstrap", "power", "verdicts", "evidence", "reported", "summary", "tables", "markdown",
-                       "html", "plots", "leaderboard"]
+REPORT_MODULE_ORDER = ["bootstrap", "power", "verdicts", "evidence", "fidelity", "reported", "summary", "tables",
+                       "markdown", "html", "plots", "leaderboard"]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -19,7 +19,15 @@ from pathlib import Path
 from harness.config.paths import WARMSTART_LABEL
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
-from harness.report.markdown import budget_warnings, calibration_lines, claims_note, protocol_note, reported_lines
+from harness.report.fidelity import Fidelity
+from harness.report.markdown import (
+    FIDELITY_HEADER,
+    budget_warnings,
+    calibration_lines,
+    claims_note,
+    protocol_note,
+    reported_lines,
+)
 from harness.report.reported import Reported
 from harness.report.summary import claim_verdicts, detectability
 from harness.report.tables import (
@@ -371,13 +379,23 @@ def _tables(evidence: Evidence, summary: list[dict], reported: Reported | None) 
     return parts
 
 
+def fidelity_section(fidelity: Fidelity) -> list[str]:
+    """Before any number: whether this sweep reproduces its paper's protocol, element by element."""
+    body = [[r.element, r.paper, r.ours, r.status, r.note] for r in fidelity.rows]
+    css = "note" if fidelity.is_reproduction else "warn"
+    return ["<h2 id='fidelity'>Protocol fidelity</h2>",
+            f"<p class='{css}'><b>{esc(fidelity.verdict())}.</b> Source: {esc(fidelity.source)}.</p>",
+            table(FIDELITY_HEADER, body, None)]
+
+
 def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
            figures: dict[str, Path], batch_file: Path | None, inspected: dict[str, dict | str],
-           n_resamples: int) -> str:
+           n_resamples: int, fidelity: Fidelity | None = None) -> str:
     """The whole page; ``inspected`` maps each label to its ``harness inspect`` output on ``batch_file`` (or an
-    error message)."""
+    error message); ``fidelity``, for a paper sweep, goes first."""
     title = f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})"
-    parts = _head(title) + _notes(evidence, resolved, summary, n_resamples) + _tables(evidence, summary, reported)
+    parts = _head(title) + (fidelity_section(fidelity) if fidelity else [])
+    parts += _notes(evidence, resolved, summary, n_resamples) + _tables(evidence, summary, reported)
     parts.append("<h2 id='figures'>Figures</h2>")
     parts += [f"<figure>{image(path, name)}<figcaption>{esc(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>"
               for name, path in figures.items()]

@@ -27,6 +27,7 @@ from harness.data.files import write_json_atomic, write_text_atomic
 from harness.report import bootstrap as stats
 from harness.report import html, plots
 from harness.report.evidence import Evidence, read_sweep
+from harness.report.fidelity import load_fidelity
 from harness.report.markdown import markdown
 from harness.report.reported import load_reported
 from harness.report.summary import BOOTSTRAP_SEED, SUMMARY_COLUMNS, claim_verdicts, summarize
@@ -74,16 +75,18 @@ def verdict_record(v: Verdict) -> dict:
 
 
 def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path | None = None,
-                      n_resamples: int = stats.N_RESAMPLES) -> list[Path]:
+                      n_resamples: int = stats.N_RESAMPLES, fidelity_file: Path | None = None) -> list[Path]:
     """Read the sweep, compute the statistics, write the tables, figures and report.html; return what was written."""
     evidence = read_sweep(resolved, paths)
     reported = load_reported(reported_file or CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")
     summary = summarize(evidence, reported, n_resamples)
+    fidelity_file = fidelity_file or CONFIG_DIR / "fidelity" / f"{resolved.sweep.name}.yaml"
+    fidelity = load_fidelity(fidelity_file, resolved) if fidelity_file.is_file() else None
     root = paths.root
     figures = plots.write_figures(evidence, summary, root / "figures")
     written = [
         write_text_atomic(root / "leaderboard.md",
-                          markdown(evidence, resolved, summary, reported, figures, root, n_resamples)),
+                          markdown(evidence, resolved, summary, reported, figures, root, n_resamples, fidelity)),
         write_csv(summary, root / "leaderboard.csv", SUMMARY_COLUMNS),
         write_csv(evidence.run_rows, root / "leaderboard_runs.csv"),
         write_json_atomic(root / "leaderboard.json", {
@@ -94,6 +97,7 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
             "runs": evidence.run_rows}),
     ]
     batch_file, inspected = inspect_sample_batch(evidence, paths)
-    page = html.render(evidence, resolved, summary, reported, figures, batch_file, inspected, n_resamples)
+    page = html.render(evidence, resolved, summary, reported, figures, batch_file, inspected, n_resamples,
+                       fidelity)
     written.append(write_text_atomic(root / "report.html", page))
     return written + list(figures.values())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
+from harness.report.fidelity import Fidelity
 from harness.report.reported import Reported
 from harness.report.summary import calibration_pairs, claim_verdicts, detectability
 from harness.report.tables import (
@@ -162,12 +163,23 @@ def _checkpoint_sections(evidence: Evidence, summary: list[dict]) -> list[str]:
     return parts
 
 
+FIDELITY_HEADER = ["element", "paper", "ours", "status", "note"]
+
+
+def fidelity_lines(fidelity: Fidelity) -> list[str]:
+    """The protocol fidelity table: is this sweep a reproduction of its paper, element by element?"""
+    body = [[r.element, r.paper, r.ours, r.status, r.note] for r in fidelity.rows]
+    return ["## Protocol fidelity", "", f"**{fidelity.verdict()}.** Source: {fidelity.source}.", "",
+            markdown_table(FIDELITY_HEADER, body), ""]
+
+
 def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
-             figures: dict[str, Path], root: Path, n_resamples: int) -> str:
+             figures: dict[str, Path], root: Path, n_resamples: int, fidelity: Fidelity | None = None) -> str:
     """The text of leaderboard.md; figure links are relative to ``root``, the folder it is written to."""
     final = evidence.final_ckpt
-    parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", "",
-             protocol_note(evidence, resolved, n_resamples), ""]
+    parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", ""]
+    parts += fidelity_lines(fidelity) if fidelity else []
+    parts += [protocol_note(evidence, resolved, n_resamples), ""]
     parts += _checkpoint_sections(evidence, summary)
     parts += claims_lines(evidence, reported)
     parts += [f"## Per benchmark ({final})", ""]
