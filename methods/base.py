@@ -8,7 +8,8 @@ exactly the same driver, `harness.train.hooks.run_hooks`, on a batch file):
 2. rollouts with ``keep == 0`` are removed before any forward pass (a real saving, not a mask).
 3. ``before_forward(batch, ctx)``  may shorten sequences (NAT prefix cutting); columns past the longest kept
    prefix are dropped before the forward pass.
-4. token statistics are computed, only those named in ``needs`` beyond ``logp``.
+4. token statistics are computed, only those named in ``needs_at(ctx)`` (``needs`` unless a setting adds one)
+   beyond ``logp``.
 5. ``token_weights(stats, batch, ctx)`` returns per-token weights and the loss denominator:
    ``loss = sum(weights * surrogate) / denominator``.
 
@@ -188,6 +189,11 @@ class Method:
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()
+
+    def needs_at(self, ctx: StepContext) -> frozenset[str]:
+        """The statistics ``token_weights`` reads under this step's settings: ``needs``, plus any a setting adds
+        (GMTS reads ``ref_logp`` whenever beta > 0). The trainer computes these before the weights."""
+        return frozenset(self.needs)
 
     def on_rollouts(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         return batch

@@ -133,6 +133,10 @@ class GMTS(Method):
         # the exact-gradient score reads sum_v p_v^2 instead of the entropy (the harness reads the instance's needs)
         self.needs = frozenset({"sum_p2"}) if self.config.score == "exact_gradient" else frozenset({"entropy"})
 
+    def needs_at(self, ctx: StepContext) -> frozenset[str]:
+        # omega's KL part reads pi_ref whenever beta > 0 (not in ``needs``: a beta = 0 run must not load a reference)
+        return self.needs | {"ref_logp"} if ctx.beta > 0 else self.needs
+
     def scores(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(delta (B, T), trust (B, T)), no grad."""
         logp = stats.logp.detach().float()

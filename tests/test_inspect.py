@@ -71,6 +71,11 @@ def test_method_needing_entropy_without_it_is_an_error(tmp_path):
         run(tmp_path, method="entropy", batch=batch)
 
 
+def test_gmts_with_beta_needs_ref_logp(tmp_path):
+    with pytest.raises(ValueError, match=r"needs key\(s\) \['ref_logp'\]"):
+        run(tmp_path, method="gmts", batch={**BATCH, "beta": 0.1})
+
+
 def test_cli_inspect_every_registered_method(tmp_path, capsys):
     from methods.registry import registered_methods
 

@@ -153,10 +153,11 @@ def test_activation_checkpointing_follows_the_preset(tmp_path):
     assert grpo_config(tiny, tmp_path, seed=0).activation_checkpointing is False
 
 
-@pytest.mark.parametrize("method, beta", [("entropy", 0.0), ("uniform", 0.1), ("gmts", 0.0)])
+@pytest.mark.parametrize("method, beta", [("entropy", 0.0), ("uniform", 0.1), ("gmts", 0.0), ("gmts", 0.1)])
 @pytest.mark.parametrize("chunk_rows", [1, 3])
 def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir, tmp_path, method, beta, chunk_rows):
-    # the method still ranks tokens over the whole batch: entropy's top 20% is batch-wide, not per chunk
+    # the method still ranks tokens over the whole batch: entropy's top 20% is batch-wide, not per chunk;
+    # GMTS with beta > 0 reads ref_logp in its score, so the no-grad pass must compute it (needs_at)
     def loss_and_grads(**overrides):
         trainer, model = make_trainer(tiny_model_dir, tmp_path, method=method, beta=beta, **overrides)
         with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient

@@ -90,7 +90,8 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
                       **{"max_completion_length": T, **step_settings})
     method = _method(label_or_name, overrides)
-    missing = [name for name in method.needs if name in ("entropy", "sum_p2", "ref_logp") and name not in optional]
+    missing = sorted(name for name in method.needs_at(ctx)
+                     if name in ("entropy", "sum_p2", "ref_logp") and name not in optional)
     if missing:
         raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}")
     special = tuple(int(i) for i in raw.get("special_token_ids", DEFAULT_SPECIAL_TOKEN_IDS))

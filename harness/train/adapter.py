@@ -340,7 +340,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         with torch.no_grad() if in_chunks else nullcontext():
             # in chunks, the reference forward of the KL term runs per chunk (a method reading ref_logp needs it here)
             stats = self._token_stats(model, inputs, backward=not in_chunks,
-                                      reference=not in_chunks or "ref_logp" in self.method.needs)
+                                      reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx))
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
         kl_weights, kl_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)

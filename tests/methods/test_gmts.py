@@ -157,6 +157,9 @@ def test_kl_term_enters_the_score_when_beta_positive():
     assert float(without[0, 0]) == 0.0
     with pytest.raises(ValueError, match="needs stats.ref_logp"):
         GMTS().scores(stats_of(entropy, logp, old_logp), batch, ctx)
+    # so the trainer's no-grad pass (train.backward_chunk_rows) computes ref_logp exactly when beta > 0
+    assert GMTS().needs_at(ctx) == frozenset({"entropy", "ref_logp"})
+    assert GMTS().needs_at(CTX) == GMTS().needs == frozenset({"entropy"})
 
 
 def test_exact_gradient_score_and_needs():
