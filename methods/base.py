@@ -104,7 +104,8 @@ class StepContext:
     """What a method may know about the step besides the batch.
 
     progress: share of the budget spent before this step, in [0, 1] (drives schedules; the same on every process
-    of a distributed run); step: optimizer step; seed: run seed.
+    of a distributed run); step: optimizer step; seed: run seed; process_index: this training process's rank
+    (0 in a single-process run and in ``harness inspect``), so that random draws differ between processes.
     aggregation: the baseline's loss aggregation (one of AGGREGATIONS); max_completion_length for Dr.GRPO.
     """
 
@@ -116,10 +117,28 @@ class StepContext:
     beta: float = 0.0
     aggregation: str = "token-mean"
     max_completion_length: int = 1
+    process_index: int = 0
 
     def generator(self) -> torch.Generator:
-        """A CPU generator fixed by (seed, step): a method's random draws repeat exactly on a rerun."""
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        """A CPU generator fixed by (seed, step, process_index): a method's random draws repeat exactly on a rerun,
+        and each process of a distributed run draws its own. Process 0 keeps the (seed, step) seed of a
+        single-process run. Process k > 0 hashes (seed, step, k) with splitmix64: the CPU generator keeps only the
+        low 32 bits of its seed, so an offset such as k * 2^48 would be lost (and k * 2^32 too)."""
+        seed = self.seed * 1_000_003 + self.step
+        if self.process_index:
+            seed = splitmix64(seed + (self.process_index << 32))
+        return torch.Generator().manual_seed(seed)
+
+
+def splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA
+    2014; constants of Vigna's splitmix64.c, prng.di.unimi.it): a 64-bit mix whose low bits depend on every input
+    bit."""
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
 
 
 @dataclass

@@ -71,7 +71,8 @@ def uniform_random_sample(mask: torch.Tensor, q: float,
 class NAT(Method):
     """Horvitz-Thompson weights m / pi over a random token subset, full-sequence denominator.
 
-    before_forward draws (m, pi) from ``ctx.generator()`` and stores in ``batch.extras`` (all row-indexed):
+    before_forward draws (m, pi) from ``ctx.generator()`` (seeded by run seed, step and process: each process of a
+    distributed run draws its own masks) and stores in ``batch.extras`` (all row-indexed):
     nat_sample (B, T) m, nat_inclusion (B, T) pi, nat_base_weights (B, T) w and nat_base_denominator (B,) D
     (the same D on every row) of the untruncated mask, nat_lengths (B,) |o_i|. token_weights sees the truncated
     batch and returns weights = m / pi * w, denominator = D.

@@ -115,6 +115,16 @@ def test_entropy_gradient_equals_top_k_written_out(tiny_model_dir, tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_step_context_carries_the_process_index(tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(tiny_model_dir, tmp_path, method="nat")
+    trainer.accelerator.state.process_index = 3  # what rank 3 of an accelerate launch reports
+    try:
+        assert trainer.step_context().process_index == 3
+    finally:
+        trainer.accelerator.state.process_index = 0
+    assert trainer.step_context().process_index == 0
+
+
 def test_kl_term_uses_a_frozen_reference(tiny_model_dir, tmp_path):
     trainer, model = make_trainer(tiny_model_dir, tmp_path, beta=0.1)
     assert trainer.ref_policy is not None

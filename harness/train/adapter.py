@@ -185,7 +185,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         progress = min(1.0, self.ledger.spent(train.budget.kind) / max(train.budget.amount, 1e-12))
         return StepContext(progress=progress, step=self.state.global_step, seed=self.run_seed,
                            clip_eps_low=train.clip_eps_low, clip_eps_high=train.clip_eps_high, beta=train.beta,
-                           aggregation=train.aggregation, max_completion_length=train.max_completion_length)
+                           aggregation=train.aggregation, max_completion_length=train.max_completion_length,
+                           process_index=self.accelerator.process_index)
 
     # --- rollouts: advantages, selection, truncation (before any forward pass) ---------------------------------------
 

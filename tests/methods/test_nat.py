@@ -122,6 +122,24 @@ def test_rpc_really_shortens_the_forward_and_is_reproducible():
     assert prepare_batch(NAT(NAT.Config(scheme="urs")), batch, StepContext(seed=0)).length == 9
 
 
+@pytest.mark.parametrize("scheme", ["rpc", "urs"])
+def test_each_process_draws_its_own_mask_and_process_zero_draws_as_a_single_process_run(scheme):
+    batch = make_batch([9, 6, 8, 9, 7, 5, 9, 4], 12)
+    method = NAT(NAT.Config(scheme=scheme))
+
+    def draw(**ctx):
+        return method.before_forward(batch, StepContext(seed=3, step=7, **ctx)).extras["nat_sample"]
+
+    # the draw before processes were told apart: a generator seeded by (seed, step) alone
+    mask, generator = batch.completion_mask, torch.Generator().manual_seed(3 * 1_000_003 + 7)
+    single = (random_prefix_cut(mask, generator) if scheme == "rpc" else uniform_random_sample(mask, 0.5, generator))[0]
+    assert torch.equal(draw(), single) and torch.equal(draw(process_index=0), single)
+    others = [draw(process_index=k) for k in (1, 2, 3)]
+    assert all(not torch.equal(other, single) for other in others)
+    assert not torch.equal(others[0], others[1]) and not torch.equal(others[1], others[2])
+    assert torch.equal(draw(process_index=2), others[1])  # still reproducible per process
+
+
 def completion_logp(model, prompt_ids, completion_ids, completion_mask):
     """log pi(y_t | prompt, y_<t), (B, T): logits at position P - 1 + t predict completion token t."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
