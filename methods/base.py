@@ -143,11 +143,19 @@ def splitmix64(x: int) -> int:
 
 @dataclass
 class TokenWeights:
-    """weights (B, T): per-token multiplicative weight; denominator: scalar; metrics: logged as ``method/<key>``."""
+    """weights (B, T): per-token multiplicative weight; denominator: scalar; metrics: logged as ``method/<key>``.
+
+    kl_weights (B, T) and kl_denominator (scalar), both or neither: the weights of the KL term (train.beta > 0),
+    ``beta sum(kl_weights kl) / kl_denominator``. None (every method but NAT): the baseline aggregation over every
+    completion token of the batch, whatever the method selected (the penalty keeps the whole policy near the
+    reference). NAT sets its Horvitz-Thompson weights, so the KL term is unbiased for the full-token one too.
+    """
 
     weights: torch.Tensor
     denominator: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    kl_weights: torch.Tensor | None = None
+    kl_denominator: torch.Tensor | None = None
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group",

@@ -9,7 +9,9 @@ probabilities pi_{i,t} = P(m_{i,t} = 1) > 0 and keep the FULL-sequence denominat
     L_hat = (1 / D) sum_{i,t} (m_{i,t} / pi_{i,t}) w_{i,t} l_{i,t},   E_m[L_hat] = L = (1 / D) sum_{i,t} w_{i,t} l_{i,t}
 
 where (w, D) is the baseline aggregation (train.aggregation) of the ORIGINAL completion mask and l the clipped
-surrogate; E_m[grad L_hat] = grad L because m / pi is a constant of theta. Two schemes:
+surrogate; E_m[grad L_hat] = grad L because m / pi is a constant of theta. With train.beta > 0 the KL term gets the
+same weights, beta (1 / D) sum (m / pi) w kl, so it too is unbiased for the full-token KL term (a token outside the
+sample has no logits when the forward stops at the cut). Two schemes:
 
     RPC (random prefix cutting, default): c_i ~ Uniform{1..|o_i|},  m_{i,t} = [t <= c_i],
                                           pi_{i,t} = P(c_i >= t) = (|o_i| - t + 1) / |o_i|  >= 1 / |o_i| > 0
@@ -139,4 +141,6 @@ class NAT(Method):
             # padded completion columns forwarded / longest completion: the saving without padding-free packing
             "forward_length_frac": sample.shape[1] / max(longest, 1.0),
         }
-        return TokenWeights(weights, denominator, metrics)
+        # the KL term (train.beta > 0) by the same HT weights: E_m[sum (m / pi) w kl / D] = sum w kl / D, the
+        # full-token KL term (the baseline's kl weights over the cut mask would drop the late tokens' KL)
+        return TokenWeights(weights, denominator, metrics, kl_weights=weights, kl_denominator=denominator)

@@ -9,8 +9,8 @@ overrides two steps:
   forward pass, so what a method skips is really skipped.
 - ``_compute_loss``: token statistics from the last hidden states (``harness.train.token_statistics``), computed
   by row chunks (``harness.train.row_chunks``), the method's weights and denominator
-  (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens) of
-  ``harness.train.loss``, the pure module that holds the arithmetic.
+  (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens, or with the
+  method's KL weights: ``hooks.kl_weights_of``) of ``harness.train.loss``, the pure module that holds the arithmetic.
 
 TRL is configured so that it computes no old-policy or reference log-probs itself (one optimizer step per
 generation batch, TRL's own beta = 0): with a single pass over each batch pi_old = pi_theta, and the reference
@@ -35,11 +35,11 @@ from trl import GRPOConfig, GRPOTrainer
 from harness.config.schema import PresetConfig
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
-from harness.train.hooks import PreparedBatch, new_rollout_batch, prepare_batch, weigh_tokens
+from harness.train.hooks import PreparedBatch, kl_weights_of, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.row_chunks import RowChunk, row_chunks, statistics_by_row_chunks
 from harness.train.token_statistics import model_token_statistics
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, aggregation_weights, group_advantages
+from methods.base import Method, RolloutBatch, StepContext, TokenStats, group_advantages
 
 # Prefix of the keys this adapter adds to TRL's batch dict for the RolloutBatch fields TRL does not carry (rewards,
 # group ids, rollout advantages, a method's extras). TRL slices and shuffles every tensor of the dict by rows, so
@@ -344,7 +344,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
                                       reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx))
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
-        kl_weights, kl_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
+        kl_weights, kl_denominator = kl_weights_of(result, batch, ctx)
         loss_inputs = LossInputs(batch.advantages, mask, result.weights, result.denominator, kl_weights,
                                  kl_denominator, ref_logp=stats.ref_logp)
         config = self._loss_config(ctx)

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, group_advantages
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_weights,
+    group_advantages,
+)
 
 
 @dataclass
@@ -63,7 +71,20 @@ def weigh_tokens(method: Method, stats: TokenStats, prepared: PreparedBatch, ctx
     if tuple(result.weights.shape) != expected:
         raise ValueError(f"method {method.name!r} returned weights of shape {tuple(result.weights.shape)}, "
                          f"expected {expected}")
+    if (result.kl_weights is None) != (result.kl_denominator is None):
+        raise ValueError(f"method {method.name!r} returned only one of kl_weights and kl_denominator")
+    if result.kl_weights is not None and tuple(result.kl_weights.shape) != expected:
+        raise ValueError(f"method {method.name!r} returned kl_weights of shape {tuple(result.kl_weights.shape)}, "
+                         f"expected {expected}")
     return result
+
+
+def kl_weights_of(result: TokenWeights, batch: RolloutBatch, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kl_weights (B, T), kl_denominator) of the KL term: the method's if it set them, else the baseline
+    aggregation over every completion token of ``batch``."""
+    if result.kl_weights is not None:
+        return result.kl_weights, result.kl_denominator
+    return aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
 
 
 @dataclass

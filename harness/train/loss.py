@@ -10,7 +10,8 @@ Shapes: B rollouts, T completion positions; every per-token tensor is (B, T).
 
 The clamp of the log-ratio keeps exp finite (verl does the same); at |logp - old_logp| <= 20 it changes nothing.
 The KL term runs over every completion token with the baseline's aggregation (``w_kl``, ``D_kl``), not over the
-method's selection: the penalty keeps the whole policy near the reference.
+method's selection: the penalty keeps the whole policy near the reference. A method may set its own (``w_kl``,
+``D_kl``) in ``TokenWeights``: NAT's Horvitz-Thompson weights make the KL term of a random token subset unbiased.
 
 Metrics are returned, not logged (the adapter logs them): 0-dim detached tensors, so that a caller summing
 them over row chunks does not synchronise with the device per chunk.

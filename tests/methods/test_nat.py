@@ -8,10 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.train.hooks import prepare_batch, weigh_tokens
+from harness.train.hooks import kl_weights_of, prepare_batch, weigh_tokens
+from harness.train.loss import LossConfig, LossInputs, kl_estimate, loss_of_rows
 from methods.base import RolloutBatch, StepContext, TokenStats, aggregation_weights
 from methods.nat import NAT, random_prefix_cut, uniform_random_sample
-from methods.registry import get_method_class
+from methods.registry import get_method_class, registered_methods
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 MAX_COMPLETION_LENGTH = 10
@@ -94,6 +95,74 @@ def test_monte_carlo_mean_of_the_ht_loss_equals_the_full_loss(scheme, aggregatio
     standard_error = float(estimates.std() / len(estimates) ** 0.5)
     assert abs(float(estimates.mean()) - full_loss) < 4 * standard_error
     assert 0.4 < sum(kept) / len(kept) < 0.7  # about half of the tokens in both schemes
+
+
+@pytest.mark.parametrize("scheme", ["rpc", "urs"])
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_monte_carlo_mean_of_the_ht_kl_term_equals_the_full_token_kl_term(scheme, aggregation):
+    # the harness's own loss (harness.train.loss) at beta = 1 with zero advantages: the loss is the KL term alone
+    lengths, width = [7, 1, 10, 3, 5], 10
+    batch = make_batch(lengths, width).replace(advantages=torch.zeros(len(lengths), width))
+    generator = torch.Generator().manual_seed(4)
+    logp = -torch.rand(len(lengths), width, generator=generator) * 3
+    ref_logp = logp + torch.randn(len(lengths), width, generator=generator)
+    config = LossConfig(beta=1.0)
+    full_weights, full_denominator = aggregation_weights(batch.completion_mask, aggregation, MAX_COMPLETION_LENGTH)
+    full_kl = float(loss_of_rows(logp, LossInputs(batch.advantages, batch.completion_mask, full_weights,
+                                                  full_denominator, full_weights, full_denominator,
+                                                  ref_logp=ref_logp), config)[0])
+
+    method = NAT(NAT.Config(scheme=scheme))
+    estimates = []
+    for draw in range(3000):
+        ctx = StepContext(seed=draw, step=draw % 11, aggregation=aggregation,
+                          max_completion_length=MAX_COMPLETION_LENGTH)
+        prepared = prepare_batch(method, batch, ctx)
+        rows, length = prepared.rows, prepared.length
+        result = weigh_tokens(method, TokenStats(torch.zeros(1), torch.zeros(1)), prepared, ctx)
+        kl_weights, kl_denominator = kl_weights_of(result, prepared.batch, ctx)  # what the trainer uses
+        inputs = LossInputs(prepared.batch.advantages, prepared.batch.completion_mask, result.weights,
+                            result.denominator, kl_weights, kl_denominator, ref_logp=ref_logp[rows, :length])
+        estimates.append(float(loss_of_rows(logp[rows, :length], inputs, config)[0]))
+    estimates = torch.tensor(estimates, dtype=torch.float64)
+    standard_error = float(estimates.std() / len(estimates) ** 0.5)
+    assert abs(float(estimates.mean()) - full_kl) < 4 * standard_error
+    if scheme == "rpc":  # the baseline's KL weights over the cut mask, used before, miss the KL of the late tokens
+        biased = []
+        for draw in range(300):
+            ctx = StepContext(seed=draw, aggregation=aggregation, max_completion_length=MAX_COMPLETION_LENGTH)
+            prepared = prepare_batch(method, batch, ctx)
+            cut_weights, cut_denominator = aggregation_weights(prepared.batch.completion_mask, aggregation,
+                                                               MAX_COMPLETION_LENGTH)
+            kl = kl_estimate(logp, ref_logp, "k3")[prepared.rows, :prepared.length]
+            biased.append(float((cut_weights * kl).sum() / cut_denominator))
+        assert abs(sum(biased) / len(biased) - full_kl) > 8 * standard_error
+
+
+def test_other_methods_keep_the_baseline_kl_weights_over_every_token():
+    batch = make_batch([4, 2, 6], 6)
+    stats = TokenStats(torch.zeros(3, 6), torch.zeros(3, 6), entropy=torch.rand(3, 6), sum_p2=torch.rand(3, 6),
+                       ref_logp=torch.zeros(3, 6))
+    for name in registered_methods():
+        if name == "nat":
+            continue
+        for aggregation in AGGREGATIONS:
+            ctx = StepContext(aggregation=aggregation, max_completion_length=MAX_COMPLETION_LENGTH)
+            method = get_method_class(name)()
+            prepared = prepare_batch(method, batch, ctx)
+            result = weigh_tokens(method, stats_of_rows(stats, prepared), prepared, ctx)
+            assert result.kl_weights is None and result.kl_denominator is None, name
+            weights, denominator = kl_weights_of(result, prepared.batch, ctx)
+            expected = aggregation_weights(prepared.batch.completion_mask, aggregation, MAX_COMPLETION_LENGTH)
+            torch.testing.assert_close(weights, expected[0])
+            torch.testing.assert_close(denominator, expected[1])
+
+
+def stats_of_rows(stats: TokenStats, prepared) -> TokenStats:
+    def cut(x):
+        return x[prepared.rows, :prepared.length]
+
+    return TokenStats(cut(stats.logp), cut(stats.old_logp), cut(stats.entropy), cut(stats.sum_p2), cut(stats.ref_logp))
 
 
 def test_q_one_urs_is_the_full_loss_exactly():
