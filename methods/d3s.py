@@ -11,7 +11,8 @@ p = ctx.progress (budget spent):
     cross-group, whole batch:    S   = argmax_{S in U_g S_g, |S| = N} Var(A_S),       N   = ceil(batch_keep(p) B)
                                  (advantages are NOT re-normalised over S; dropped rollouts leave the forward pass)
     token level, kept rollouts:  K   = topk_{(i,t): m_{i,t} = 1}(|A_{i,t}| H_{i,t}, ceil(token_keep(p) n))
-    loss:                        L   = sum_{(i,t) in K} l_{i,t} / |K|                 (denominator="selected")
+    loss:                        L   = the run's aggregation (train.aggregation) over K   (denominator="aggregation")
+                                       token-mean: sum_{(i,t) in K} l_{i,t} / |K|
     schedule:                    x(p) = (1 - p) x_start + p x_end   for x in (group_keep, batch_keep, token_keep)
 
 The max-variance subset of size N of n scalars is always the k smallest plus the N - k largest for some k
@@ -24,10 +25,22 @@ With the defaults the per-group pass keeps 75 % of each group and the cross-grou
 passes act. Ablations (set start and end): batch_keep = 1 leaves the per-group pass only; group_keep = 1 the
 cross-group pass only; token_keep = 1 switches the token level off; start = end switches the schedule off.
 
+The denominator follows the run's aggregation so that D3S and its baseline differ only in what they select: at
+the end of the schedule (everything kept) D3S is the baseline, GRPO's seq-mean-token-mean included (paper-d3s).
+Under token-mean (DAPO, the tiny preset) this is the selected-token mean |K|, the earlier default ("selected"),
+with identical arithmetic; "selected" keeps the token mean under any aggregation.
+
+Scope across processes: the cross-group pass ranks the rollouts of ONE process (its generation batch share): in a
+run of P training processes each keeps ceil(batch_keep B / P) of its own B / P rollouts, not the max-variance
+subset of all B. A global pass would need every process's advantages and group ids gathered before the selection
+and an uneven number of kept rollouts per process; not done. The per-group pass is exact (whole groups live on one
+process).
+
 Deviations (also in ``D3S.deviations``): the schedule values and fraction parameterisation above; the paper's
 "N_pos largest positive and N_neg most negative" split is taken to be the exact max-variance split; the token
-denominator (selected-token mean) is assumed, not confirmed; token selection ranks over the whole update batch;
-tokens with zero score may be selected when K% exceeds the nonzero ones (they add to |K| but not to the gradient).
+denominator (the run's aggregation over the selected tokens) is assumed, not confirmed; the cross-group pass is
+per process; token selection ranks over the whole update batch (of the process); tokens with zero score may be
+selected when K% exceeds the nonzero ones (they add to |K| but not to the gradient).
 """
 
 from __future__ import annotations
@@ -96,8 +109,12 @@ class D3S(Method):
         "cross-group pass ceil(batch_keep*B) of the generation batch (50% at the start)",
         "sample-level subset is the exact max-variance subset (k smallest + N-k largest, PODS scan); the paper's "
         "N_pos/N_neg split is assumed to be this optimum",
-        "loss denominator = number of selected tokens (assumed; paper not confirmed); switch: denominator",
-        "token top-K% ranks over the whole update batch (scope assumed); zero-score tokens can be selected",
+        "loss denominator = the run's aggregation over the selected tokens, token-mean: |K| (assumed; paper not "
+        "confirmed); switch: denominator",
+        "cross-group pass ranks one process's rollouts (each of P processes keeps ceil(batch_keep B/P) of its B/P); "
+        "no gather across processes",
+        "token top-K% ranks over the whole update batch of the process (scope assumed); zero-score tokens can be "
+        "selected",
         "official code (OpenReview supplement only) not read; no golden test",
     )
 
@@ -115,10 +132,11 @@ class D3S(Method):
         """Fraction of the kept rollouts' tokens selected by |A| * H at progress 0 (assumed)."""
         token_keep_end: float = 1.0
         """... at progress 1 (assumed)."""
-        denominator: str = "selected"
-        """Loss denominator. "selected": |K| (token-mean over K, whatever train.aggregation says); "aggregation":
-        the run's aggregation (train.aggregation) over the selected tokens; "all": the run's aggregation over every
-        token of the kept rollouts, unselected tokens weigh 0."""
+        denominator: str = "aggregation"
+        """Loss denominator. "aggregation": the run's aggregation (train.aggregation) over the selected tokens, so
+        the end of the schedule is the baseline (under token-mean: |K|, identical to "selected"); "selected": |K|
+        (token-mean over K, whatever train.aggregation says); "all": the run's aggregation over every token of the
+        kept rollouts, unselected tokens weigh 0."""
 
         def __post_init__(self):
             for name in ("group_keep_start", "group_keep_end", "batch_keep_start", "batch_keep_end",

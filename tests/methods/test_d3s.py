@@ -124,6 +124,34 @@ def test_end_of_schedule_is_the_token_mean_baseline():
     assert out.denominator == pytest.approx(float(denominator))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_default_denominator_is_the_selected_token_mean_under_token_mean_and_the_baseline_at_the_end(seed):
+    # the default sweep (tiny preset, token-mean) computes exactly what the earlier default "selected" computed
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 7, (12,), generator=generator).tolist()
+    batch = make_batch(torch.randn(12, generator=generator).tolist(), [i // 4 for i in range(12)], lengths, 6)
+    entropy = torch.rand(12, 6, generator=generator)
+
+    def run(config, aggregation, progress):
+        return run_hooks(D3S(config), batch, lambda p: TokenStats(torch.zeros(p.batch.completion_mask.shape),
+                                                                  torch.zeros(p.batch.completion_mask.shape),
+                                                                  entropy=entropy[p.rows, :p.length]),
+                         StepContext(progress=progress, aggregation=aggregation, max_completion_length=6))
+
+    assert D3S.Config().denominator == "aggregation"
+    for progress in (0.0, 0.3, 1.0):
+        default = run(D3S.Config(), "token-mean", progress)
+        selected = run(D3S.Config(denominator="selected"), "token-mean", progress)
+        assert torch.equal(default.weights, selected.weights) and default.denominator == selected.denominator
+    # under GRPO's seq-mean-token-mean the end of the schedule is the baseline's aggregation, "selected" is not
+    weights, denominator = aggregation_weights(batch.completion_mask, "seq-mean-token-mean", 6)
+    end = run(D3S.Config(), "seq-mean-token-mean", 1.0)
+    torch.testing.assert_close(end.weights, weights)
+    assert end.denominator == pytest.approx(float(denominator))
+    end_selected = run(D3S.Config(denominator="selected"), "seq-mean-token-mean", 1.0)
+    assert not torch.allclose(end_selected.weights / end_selected.denominator, weights / denominator)
+
+
 def hand_batch() -> tuple[RolloutBatch, torch.Tensor]:
     # group 0: A = 1.5, 0.5, -0.5, -1.5; group 1: A = 0.9, 0.1, 0.0, -1.0; row 5 is the longest (length 5)
     batch = make_batch([1.5, 0.5, -0.5, -1.5, 0.9, 0.1, 0.0, -1.0], [0, 0, 0, 0, 1, 1, 1, 1],
