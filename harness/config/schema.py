@@ -123,6 +123,18 @@ class BudgetConfig:
 
 
 @dataclass
+class OverlongConfig:
+    """DAPO's soft overlong punishment (harness/train/rewards.py): a reward term added to the correctness reward, 0 up
+    to ``train.max_completion_length - buffer`` tokens, then falling linearly to ``-penalty`` at the maximum length
+    (verl's DAPO scripts: max_response_length = 20480 with the 4096-token buffer inside it)."""
+
+    buffer: int = 0  # L_cache, the last tokens of train.max_completion_length where the punishment ramps; 0 = off
+    penalty: float = 1.0  # the punishment at the maximum length (verl's overlong_buffer.penalty_factor)
+
+    RANGES = {"buffer": (0, None), "penalty": (0.0, None)}
+
+
+@dataclass
 class TrainConfig:
     """RL training; the baseline's switches are shared by every method."""
 
@@ -161,6 +173,7 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU for vLLM; server: of the server's GPUs
     vllm_tensor_parallel_size: int = 1  # colocate: ranks per vLLM engine; server: GPUs of the server
     vllm_max_model_length: int = 0  # vLLM context (prompt + completion); 0 = the model's own
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO's soft overlong punishment; off by default
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     CHOICES = {"aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
@@ -176,6 +189,12 @@ class TrainConfig:
               "save_every_steps": (0, None), "max_nonfinite_steps": (0, None),
               "vllm_gpu_memory_utilization": (0.05, 1.0), "vllm_tensor_parallel_size": (1, None),
               "vllm_max_model_length": (0, None)}
+
+    def __post_init__(self):
+        if self.overlong.buffer > 0 and self.overlong.buffer >= self.max_completion_length:
+            raise ValueError(f"key 'train.overlong.buffer': {self.overlong.buffer} must be smaller than "
+                             f"train.max_completion_length={self.max_completion_length} (the buffer is the last part "
+                             "of the maximum length; 0 = off)")
 
 
 @dataclass

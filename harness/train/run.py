@@ -101,6 +101,7 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
 
     from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
     from harness.train.callbacks import BudgetCallback
+    from harness.train.rewards import overlong_reward_functions
     from methods.registry import get_method_class
 
     preset = resolved.preset
@@ -127,7 +128,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     method = get_method_class(spec.name)(spec.params)
     trainer = TargetedGRPOTrainer(
         model=model, processing_class=tokenizer, train_dataset=dataset,
-        reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
+        reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s),
+                      *overlong_reward_functions(preset.train)],  # reward = correctness + DAPO overlong term
         args=grpo_config(preset, run_dir, run_seed), method=method, preset=preset, run_seed=run_seed,
         sample_batch_path=run_dir / "sample_batch.json", run_key=run_key)
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
