@@ -63,7 +63,8 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize("override, fragment", [
-    (["train.overlong.buffer=48"], "key 'train.overlong.buffer': 48 must be smaller than train.max_completion_length=48"),
+    (["train.overlong.buffer=48"],
+     "key 'train.overlong.buffer': 48 must be smaller than train.max_completion_length=48"),
     (["train.overlong.buffer=60"], "key 'train.overlong.buffer': 60 must be smaller"),
     (["train.overlong.buffer=-1"], "key 'train.overlong.buffer': -1 is outside the allowed range"),
     (["train.overlong.buffer=8", "train.overlong.penalty=-0.5"], "key 'train.overlong.penalty': -0.5 is outside"),
