@@ -9,7 +9,7 @@ exactly the same driver, `harness.train.hooks.run_hooks`, on a batch file):
 3. ``before_forward(batch, ctx)``  may shorten sequences (NAT prefix cutting); columns past the longest kept
    prefix are dropped before the forward pass.
 4. token statistics are computed, only those named in ``needs_at(ctx)`` (``needs`` unless a setting adds one)
-   beyond ``logp``.
+   beyond ``logp``, and only at ``loss_positions`` when a method knows them in advance (NAT's URS).
 5. ``token_weights(stats, batch, ctx)`` returns per-token weights and the loss denominator:
    ``loss = sum(weights * surrogate) / denominator``.
 
@@ -221,6 +221,12 @@ class Method:
         """The statistics ``token_weights`` reads under this step's settings: ``needs``, plus any a setting adds
         (GMTS reads ``ref_logp`` whenever beta > 0). The trainer computes these before the weights."""
         return frozenset(self.needs)
+
+    def loss_positions(self, batch: RolloutBatch, ctx: StepContext) -> torch.Tensor | None:
+        """(B, T) bool, known before the token statistics: the only positions where ``token_weights`` (and its KL
+        weights) can be nonzero; the trainer then runs the LM head only there, and the statistics are 0 elsewhere.
+        None (default): every position. ``batch`` is the prepared batch (after ``before_forward``)."""
+        return None
 
     def on_rollouts(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         return batch

@@ -26,8 +26,12 @@ rows by kept length and runs the forward in row chunks (``train.forward_chunk_ro
 longest row, so the per-row saving is real and counted in the FLOPs budget. Metric ``forward_length_frac``
 reports the whole-batch padded shrink. URS cannot shorten
 sequences: a kept token needs every earlier position in the forward, so URS leaves ``completion_mask`` (which may
-also serve as the attention mask) untouched and only reweights; it saves nothing beyond the LM-head rows a
-trainer might skip.
+also serve as the attention mask) untouched. Its saving is the LM head: ``loss_positions`` gives the sampled tokens
+before the statistics, and the trainer computes logits (and logp, entropy) only there, about q of the completion
+positions (tested: same loss and gradient as the head at every position; the FLOPs ledger counts the logits
+computed). By the ledger's FLOP model the head is 2 N_head of a position's 2 (N_body + N_head) matmul FLOPs, so the
+saving is (1 - q) times that share of the completion positions' forward + backward: small unless the vocabulary
+is large relative to the body (V x d_model against the layers' weights).
 
 Deviations and assumptions (also in ``NAT.deviations``): the cut distribution Uniform{1..|o|} and the URS variant
 (independent Bernoulli rather than a fixed count) are derived, not read from the paper; q = 0.5 ("as few as 50 %
@@ -84,7 +88,7 @@ class NAT(Method):
     deviations = (
         "RPC cut distribution c ~ Uniform{1..|o|} is derived, not confirmed from the paper (no floor/cap on 1/pi)",
         "URS draws independent Bernoulli(q) per token (not a fixed count without replacement); q = 0.5 assumed",
-        "URS cannot shorten the forward pass: it only reweights",
+        "URS cannot shorten the forward pass: it saves only the LM head (logits at the sampled tokens only)",
         "no official code: unbiasedness is tested by Monte Carlo, no golden test",
     )
 
@@ -121,6 +125,13 @@ class NAT(Method):
             "nat_lengths": mask.sum(dim=1),
         }
         return batch.replace(completion_mask=completion_mask, extras=extras)
+
+    def loss_positions(self, batch: RolloutBatch, ctx: StepContext) -> torch.Tensor | None:
+        """URS: the sampled tokens, the only ones with a nonzero weight m / pi (KL weights included): the trainer
+        runs the LM head only there. RPC: None, its forward already stops at each cut (every kept token is sampled)."""
+        if self.config.scheme == "urs":
+            return batch.extras["nat_sample"] > 0
+        return None
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
         if "nat_inclusion" not in batch.extras:

@@ -82,6 +82,31 @@ def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, c
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("picked", ["some", "none"])
+def test_lm_head_only_at_given_positions(tiny_model_dir, picked):
+    from harness.model.policy import load_policy
+    from harness.train.token_statistics import model_token_statistics
+
+    model, _ = load_policy(tiny_model_dir)
+    calls = []
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    input_ids = torch.randint(4, 30, (3, 9), generator=torch.Generator().manual_seed(2))
+    attention_mask = torch.ones_like(input_ids)
+    positions = torch.rand(3, 5, generator=torch.Generator().manual_seed(3)) < (0.5 if picked == "some" else 0.0)
+    ours = model_token_statistics(model, input_ids, attention_mask, 5, ("entropy",), 0.8, 4, positions)
+    # the head saw the picked positions only (one, result unused, when none is picked), in chunks of 4
+    assert sum(calls) == max(int(positions.sum()), 1)
+    reference = full_logits_statistics(model, input_ids, attention_mask, 5, 0.8)
+    for name in ("logp", "entropy"):
+        torch.testing.assert_close(ours[name][positions], reference[name].detach()[positions])
+        assert ours[name][~positions].eq(0).all()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ours["logp"].sum(), params)  # every parameter reached, as DDP expects
+    expected = torch.autograd.grad((reference["logp"] * positions).sum(), params)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_models_that_transform_logits_after_the_head_are_refused(tiny_model_dir):
     from harness.model.policy import load_policy
     from harness.train.token_statistics import model_token_statistics

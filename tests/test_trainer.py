@@ -185,3 +185,57 @@ def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir,
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     # the extra no-grad forward is counted: one forward more than the single backward's x3
     assert chunked_ledger.flops["train"] > whole_ledger.flops["train"]
+
+
+@pytest.mark.parametrize("beta, chunk_rows", [(0.0, 0), (0.1, 0), (0.1, 1)])
+def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_gradient(tiny_model_dir, tmp_path,
+                                                                                          beta, chunk_rows):
+    from harness.train.budget import forward_flops
+    from harness.train.hooks import new_rollout_batch, prepare_batch
+    from harness.train.row_chunks import row_chunks
+    from methods.nat import NAT
+
+    class EveryPosition(NAT):  # the same weights, the LM head at every position (what ran before)
+        def loss_positions(self, batch, ctx):
+            return None
+
+    def loss_and_grads(method):
+        trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat", beta=beta, backward_chunk_rows=chunk_rows,
+                                      forward_chunk_rows=2)
+        trainer.method = method
+        with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        raw = loss_inputs(trainer, seed=3)
+        batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
+                                  raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group",
+                                  rollout_advantages=raw[f"{ROLLOUT_KEY_PREFIX}rollout_advantages"])
+        prepared = prepare_batch(method, batch, trainer.step_context())
+        inputs = trainer._reduced_batch(raw, prepared, torch.device("cpu"))
+        model.zero_grad()
+        loss = trainer._compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        return loss.detach(), grads(model), trainer, inputs
+
+    config = NAT.Config(scheme="urs")
+    loss, picked_grads, trainer, inputs = loss_and_grads(NAT(config))
+    every_loss, every_grads, every_trainer, _ = loss_and_grads(EveryPosition(config))
+    torch.testing.assert_close(loss, every_loss, rtol=1e-5, atol=1e-7)
+    for a, b in zip(picked_grads, every_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the ledger counts the LM head only at the sampled tokens: the difference is exactly the skipped logits
+    sampled = inputs[f"{ROLLOUT_KEY_PREFIX}extra_nat_sample"]
+    assert 0 < int(sampled.sum()) < int(inputs["completion_mask"].sum())
+
+    def skipped(rows_per_chunk):  # logit positions not computed; a chunk without a sampled token still runs one
+        return sum(len(c.rows) * c.completion_width - max(int(sampled[c.rows].sum()), 1)
+                   for c in row_chunks(inputs, rows_per_chunk))
+
+    head = forward_flops(trainer.model_shape, 0, 1, 0)  # 2 N_head per logit position
+    # forward + backward over forward_chunk_rows = 2 rows; with backward chunks, a no-grad pass over those and the
+    # forward + backward over one-row chunks, whose KL reference also runs per one-row chunk
+    saved = head * skipped(2) + 3.0 * head * skipped(1) if chunk_rows else 3.0 * head * skipped(2)
+    assert every_trainer.step_ledger.flops["train"] - trainer.step_ledger.flops["train"] == pytest.approx(saved)
+    if beta > 0:
+        assert every_trainer.step_ledger.flops["reference"] - trainer.step_ledger.flops["reference"] == \
+            pytest.approx(head * skipped(1 if chunk_rows else 2))

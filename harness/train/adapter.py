@@ -287,41 +287,48 @@ class TargetedGRPOTrainer(GRPOTrainer):
             special_token_ids=self.special_token_ids, extras=extras)
 
     def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
-                              backward: bool) -> dict[str, torch.Tensor]:
-        """Statistics (b, T') of one row chunk; its FLOPs go to ``phase`` (x3 when a backward follows)."""
+                              backward: bool, loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Statistics (b, T') of one row chunk; its FLOPs go to ``phase`` (x3 when a backward follows).
+        ``loss_positions`` (B, T) bool of the whole batch: the LM head runs only there (``Method.loss_positions``)."""
         train = self.preset.train
+        picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
         stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width, extras,
-                                       train.temperature, train.stats_chunk_size)
+                                       train.temperature, train.stats_chunk_size, picked)
         positions = chunk.input_ids.numel()
         flops = padded_forward_flops(self.model_shape, len(chunk.rows), chunk.input_ids.shape[1],
-                                     chunk.completion_width)
+                                     chunk.completion_width,
+                                     None if picked is None else max(int(picked.sum()), 1))  # >= 1: see StatisticsHead
         self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
         self.step_ledger.forwarded_positions += positions
         if backward:
             self.step_ledger.trained_positions += positions
         return stats
 
-    def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str,
-                            backward: bool) -> dict[str, torch.Tensor]:
+    def _chunked_statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str, backward: bool,
+                            loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Token statistics (B, T) of the whole batch, computed ``train.forward_chunk_rows`` rows at a time."""
-        return statistics_by_row_chunks(inputs, self.preset.train.forward_chunk_rows,
-                                        lambda chunk: self._row_chunk_statistics(model, chunk, extras, phase, backward))
+        return statistics_by_row_chunks(inputs, self.preset.train.forward_chunk_rows, lambda chunk: (
+            self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
 
-    def _reference_logp(self, inputs: dict | RowChunk) -> torch.Tensor:
+    def _reference_logp(self, inputs: dict | RowChunk, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
         """log pi_ref (no grad) of the whole batch (a dict) or of one row chunk, timed as the reference phase."""
         started = self.clock.start()
         with torch.no_grad():
             if isinstance(inputs, RowChunk):
-                ref_logp = self._row_chunk_statistics(self.ref_policy, inputs, (), "reference", backward=False)["logp"]
+                ref_logp = self._row_chunk_statistics(self.ref_policy, inputs, (), "reference", False,
+                                                      loss_positions)["logp"]
             else:
-                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False)["logp"]
+                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False,
+                                                    loss_positions)["logp"]
         self.clock.stop("reference", started)
         return ref_logp
 
-    def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True) -> TokenStats:
+    def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True,
+                     loss_positions: torch.Tensor | None = None) -> TokenStats:
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
-        stats = self._chunked_statistics(model, inputs, extras, "train", backward)
-        ref_logp = self._reference_logp(inputs) if reference and self.ref_policy is not None else None
+        stats = self._chunked_statistics(model, inputs, extras, "train", backward, loss_positions)
+        ref_logp = (self._reference_logp(inputs, loss_positions) if reference and self.ref_policy is not None
+                    else None)
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
                           sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
 
@@ -338,27 +345,35 @@ class TargetedGRPOTrainer(GRPOTrainer):
         batch = self._rollout_batch_from_inputs(inputs)
         chunk_rows = self.preset.train.backward_chunk_rows
         in_chunks = bool(chunk_rows) and batch.completion_mask.shape[0] > chunk_rows
+        positions = self.method.loss_positions(batch, ctx)  # (B, T) bool or None: the LM head runs only there
         with torch.no_grad() if in_chunks else nullcontext():
             # in chunks, the reference forward of the KL term runs per chunk (a method reading ref_logp needs it here)
             stats = self._token_stats(model, inputs, backward=not in_chunks,
-                                      reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx))
+                                      reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx),
+                                      loss_positions=positions)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         mask = batch.completion_mask
         kl_weights, kl_denominator = kl_weights_of(result, batch, ctx)
-        loss_inputs = LossInputs(batch.advantages, mask, result.weights, result.denominator, kl_weights,
+        computed = mask  # the tokens whose statistics exist: the metrics average over them
+        if positions is not None:
+            computed = mask * positions
+            if bool((((result.weights != 0) | (kl_weights != 0)) & ~positions).any()):
+                raise ValueError(f"method {self.method.name!r} weighs tokens outside its loss_positions")
+        loss_inputs = LossInputs(batch.advantages, computed, result.weights, result.denominator, kl_weights,
                                  kl_denominator, ref_logp=stats.ref_logp)
         config = self._loss_config(ctx)
         if in_chunks:
-            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows)
+            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows, positions)
         else:
             loss, metrics = loss_of_rows(stats.logp, loss_inputs, config)
-        self._log_step_metrics(stats, result, metrics, mask, started)
+        self._log_step_metrics(stats, result, metrics, mask, started, computed)
         if not torch.isfinite(loss.detach()):
             return self._skip_nonfinite_step(model, loss)
         return loss
 
     def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
-                                 chunk_rows: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                                 chunk_rows: int, loss_positions: torch.Tensor | None = None,
+                                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of the whole batch with activations of only ``chunk_rows`` rows alive at a time: each row chunk
         runs forward + backward with its share of the loss (its rows' terms over the whole batch's denominators),
         gradients accumulating, synchronised across processes only in the last backward, which the Trainer runs on
@@ -366,8 +381,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         chunks = list(row_chunks(inputs, chunk_rows))
         done, parts = torch.zeros((), device=loss_inputs.mask.device), []
         for index, chunk in enumerate(chunks):
-            logp = self._row_chunk_statistics(model, chunk, (), "train", backward=True)["logp"]
-            ref_logp = self._reference_logp(chunk) if config.beta > 0 else None
+            logp = self._row_chunk_statistics(model, chunk, (), "train", True, loss_positions)["logp"]
+            ref_logp = self._reference_logp(chunk, loss_positions) if config.beta > 0 else None
             rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
             loss, metrics = loss_of_rows(logp, rows, config, ref_logp=ref_logp)
             parts.append((metrics, rows.mask.sum()))
@@ -464,14 +479,15 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self._metrics["train"][name].append(value)
 
     def _log_step_metrics(self, stats: TokenStats, result, loss_metrics: dict[str, torch.Tensor], mask,
-                          started: float) -> None:
+                          started: float, computed) -> None:
+        """``mask``: the completion tokens; ``computed``: those with statistics (fewer under loss_positions)."""
         with torch.no_grad():
             n_tokens = mask.sum().clamp(min=1)
             weighted = (result.weights != 0) & (mask > 0)
             self._log_train("clip_ratio/region_mean", float(loss_metrics["clip_ratio/region_mean"]))
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
-                self._log_train("entropy", float((stats.entropy * mask).sum() / n_tokens))
+                self._log_train("entropy", float((stats.entropy * computed).sum() / computed.sum().clamp(min=1)))
             self.step_ledger.weighted_tokens += int(weighted.sum())
             for name, value in result.metrics.items():
                 self._log_train(f"method/{name}", float(value))

@@ -16,7 +16,8 @@ What is counted, phase by phase (the accounting counts what a method really skip
   ones, attention over the growing prefix (a KV cache): sum_t t pairs. Finished rollouts cost nothing more.
 - reference forward (only when beta > 0): the padded shape actually computed, per row chunk.
 - training forward + backward: the padded shape actually computed, per row chunk, times 3. Rollouts a method
-  drops (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted.
+  drops (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted; LM-head
+  logits are counted only at the positions they are computed at (NAT's URS: the sampled ones).
 Distributed runs: each process counts its own rollouts and forwards for the current step; at the end of the step
 the counts are summed over the processes (one all-reduce), so every process holds the same totals and stops at the
 same step, and seconds are accelerator-seconds (summed over the training devices; GPUs of a separate vLLM server
@@ -78,9 +79,12 @@ def generation_flops(shape: ModelShape, prompt_lengths: list[int], completion_le
     return total
 
 
-def padded_forward_flops(shape: ModelShape, rows: int, width: int, completion_width: int) -> float:
-    """One forward over a (rows, width) tensor whose last ``completion_width`` positions get logits."""
-    return forward_flops(shape, rows * width, rows * completion_width, rows * causal_pairs(width))
+def padded_forward_flops(shape: ModelShape, rows: int, width: int, completion_width: int,
+                         logit_positions: int | None = None) -> float:
+    """One forward over a (rows, width) tensor whose last ``completion_width`` positions get logits, or only
+    ``logit_positions`` of them when the LM head runs at selected positions (NAT's URS)."""
+    logits = rows * completion_width if logit_positions is None else logit_positions
+    return forward_flops(shape, rows * width, logits, rows * causal_pairs(width))
 
 
 class PhaseClock:

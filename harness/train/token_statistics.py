@@ -79,18 +79,37 @@ def _ordered(extras: tuple[str, ...]) -> tuple[str, ...]:
 
 class StatisticsHead(torch.nn.Module):
     """Stands in for the LM head during one forward: (B, T + 1, H) hidden states of the kept positions ->
-    (B, T, n) statistics of the T completion tokens (the last position predicts nothing sampled)."""
+    (B, T, n) statistics of the T completion tokens (the last position predicts nothing sampled).
+
+    ``positions`` (B, T) bool, optional: only these positions reach the LM head; the statistics are 0 elsewhere
+    (the layers below still run at every position: a later position's hidden state needs the earlier ones)."""
 
     def __init__(self, head: torch.nn.Module, targets: torch.Tensor, extras: tuple[str, ...], temperature: float,
-                 chunk_size: int):
+                 chunk_size: int, positions: torch.Tensor | None = None):
         super().__init__()
         self.head = head
         self.targets, self.extras, self.temperature, self.chunk_size = targets, extras, temperature, chunk_size
+        self.positions = positions
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        stats = token_statistics(hidden[:, :-1, :], self.head, self.targets, self.extras, self.temperature,
-                                 self.chunk_size)
-        return torch.stack([stats[name] for name in ("logp", *self.extras)], dim=-1)
+        names = ("logp", *self.extras)
+        hidden = hidden[:, :-1, :]
+        if self.positions is None:
+            stats = token_statistics(hidden, self.head, self.targets, self.extras, self.temperature, self.chunk_size)
+            return torch.stack([stats[name] for name in names], dim=-1)
+        positions = self.positions
+        empty = not bool(positions.any())  # a CPU-GPU sync point, once per row chunk
+        if empty:
+            # the head still runs (on one position, result unused): under ZeRO-3/FSDP every process must call it to
+            # gather its weights, and backward must reach the weights (a zero gradient) as DDP expects
+            positions = torch.zeros_like(positions)
+            positions.view(-1)[0] = True
+        # the N picked positions as one row: (1, N, H) -> (N, n), scattered back into zeros (B, T, n)
+        stats = token_statistics(hidden[positions][None], self.head, self.targets[positions][None], self.extras,
+                                 self.temperature, self.chunk_size)
+        picked = torch.stack([stats[name][0] for name in names], dim=-1)
+        out = picked.new_zeros(*positions.shape, len(names))
+        return out + 0.0 * picked.sum() if empty else out.index_put((positions,), picked)
 
 
 def unwrapped(model) -> torch.nn.Module:
@@ -118,13 +137,16 @@ def check_plain_logits(model) -> None:
 
 
 def model_token_statistics(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                           extras: tuple[str, ...], temperature: float = 1.0,
-                           chunk_size: int = 256) -> dict[str, torch.Tensor]:
-    """Statistics of the last ``logits_to_keep`` tokens of ``input_ids`` under ``model`` (wrapped or not)."""
+                           extras: tuple[str, ...], temperature: float = 1.0, chunk_size: int = 256,
+                           positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Statistics of the last ``logits_to_keep`` tokens of ``input_ids`` under ``model`` (wrapped or not);
+    ``positions`` (B, logits_to_keep) bool: the LM head runs only there, statistics 0 elsewhere (None: everywhere)."""
     extras = _ordered(extras)
     check_plain_logits(model)
     original = unwrapped(model).get_output_embeddings()
-    head = StatisticsHead(original, input_ids[:, -logits_to_keep:], extras, temperature, chunk_size)
+    if positions is not None:
+        positions = positions.to(device=input_ids.device, dtype=torch.bool)
+    head = StatisticsHead(original, input_ids[:, -logits_to_keep:], extras, temperature, chunk_size, positions)
     with _head_swapped(model, head):
         stacked = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1,
                         use_cache=False).logits
