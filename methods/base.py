@@ -11,7 +11,8 @@ exactly the same driver, `harness.train.hooks.run_hooks`, on a batch file):
 4. token statistics are computed, only those named in ``needs_at(ctx)`` (``needs`` unless a setting adds one)
    beyond ``logp``, and only at ``loss_positions`` when a method knows them in advance (NAT's URS).
 5. ``token_weights(stats, batch, ctx)`` returns per-token weights and the loss denominator:
-   ``loss = sum(weights * surrogate) / denominator``.
+   ``loss = sum(weights * surrogate) / denominator`` (+ beta times the KL term, over every token unless the
+   method sets ``kl_weights``: NAT).
 
 Shapes: B rollouts, T completion positions. Names follow the public ``inspect`` format.
 Methods are pure tensor maps: no TRL, no I/O, no globals; randomness comes from ``ctx.generator()``.
