@@ -239,3 +239,22 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     if beta > 0:
         assert every_trainer.step_ledger.flops["reference"] - trainer.step_ledger.flops["reference"] == \
             pytest.approx(head * skipped(1 if chunk_rows else 2))
+
+
+def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path):
+    from harness.train.hooks import new_rollout_batch, prepare_batch
+    from methods.nat import NAT
+
+    class TooFewPositions(NAT):  # claims fewer positions than it weighs
+        def loss_positions(self, batch, ctx):
+            return torch.zeros_like(batch.completion_mask, dtype=torch.bool)
+
+    trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat")
+    trainer.method = TooFewPositions(NAT.Config(scheme="urs"))
+    raw = loss_inputs(trainer)
+    batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
+                              raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
+    inputs = trainer._reduced_batch(raw, prepare_batch(trainer.method, batch, trainer.step_context()),
+                                    torch.device("cpu"))
+    with pytest.raises(ValueError, match="outside its loss_positions"):
+        trainer._compute_loss(model, inputs)

@@ -357,7 +357,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         computed = mask  # the tokens whose statistics exist: the metrics average over them
         if positions is not None:
             computed = mask * positions
-            if bool((((result.weights != 0) | (kl_weights != 0)) & ~positions).any()):
+            weighted = (result.weights != 0) | ((kl_weights != 0) if ctx.beta > 0 else False)
+            if bool((weighted & ~positions).any()):
                 raise ValueError(f"method {self.method.name!r} weighs tokens outside its loss_positions")
         loss_inputs = LossInputs(batch.advantages, computed, result.weights, result.denominator, kl_weights,
                                  kl_denominator, ref_logp=stats.ref_logp)
