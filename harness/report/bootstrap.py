@@ -289,15 +289,13 @@ def t_interval(estimate: float, variance: CrossedVariance, confidence: float = C
     return Interval(float(estimate), float(low), float(high), variance)
 
 
-def mean_interval(scores: np.ndarray, plan: BootstrapPlan | None = None, bench: str | None = None,
-                  confidence: float = CONFIDENCE, bounds: tuple[float, float] = SCORE_RANGE) -> Interval:
-    """Mean of (S, P) scores with its crossed-variance t interval. ``plan`` and ``bench`` are not used (the
-    interval is analytic); they stay in the signature so that callers treat every statistic alike."""
+def mean_interval(scores: np.ndarray, confidence: float = CONFIDENCE,
+                  bounds: tuple[float, float] = SCORE_RANGE) -> Interval:
+    """Mean of (S, P) scores with its crossed-variance t interval (analytic: no resampling)."""
     return t_interval(float(scores.mean()), crossed_variance({"b": scores}), confidence, bounds)
 
 
-def paired_difference(scores: np.ndarray, baseline: np.ndarray, plan: BootstrapPlan | None = None,
-                      bench: str | None = None, confidence: float = CONFIDENCE) -> Interval:
+def paired_difference(scores: np.ndarray, baseline: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """mean(scores) - mean(baseline) over the same seed indices and problems, with its paired interval.
 
     Seed index i of both matrices is the sweep's i-th seed (same data order and initial randomness unless a
@@ -307,7 +305,7 @@ def paired_difference(scores: np.ndarray, baseline: np.ndarray, plan: BootstrapP
     if scores.shape != baseline.shape:
         raise ValueError(f"paired_difference: shapes differ, {scores.shape} vs baseline {baseline.shape}; "
                          "both need the same seeds and problems")
-    return mean_interval(scores - baseline, plan, bench, confidence, DIFFERENCE_RANGE)
+    return mean_interval(scores - baseline, confidence, DIFFERENCE_RANGE)
 
 
 def p_value(difference: Interval, null: float = 0.0, alternative: str = "greater") -> float:
@@ -394,7 +392,7 @@ def aggregate_intervals(scores: Mapping[str, np.ndarray], plan: BootstrapPlan,
 
 
 def aggregate_difference(scores: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray],
-                         plan: BootstrapPlan | None = None, confidence: float = CONFIDENCE) -> Interval:
+                         confidence: float = CONFIDENCE) -> Interval:
     """Paired difference of the benchmark-averaged means (each benchmark weighted equally), crossed t interval."""
     differences = {b: scores[b] - baseline[b] for b in sorted(scores)}
     estimate = float(np.mean([d.mean() for d in differences.values()]))

@@ -50,7 +50,7 @@ def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mat
                 reported: Reported | None) -> list[dict]:
     """Rows for one checkpoint and metric: per benchmark and over benchmarks, each label against the baseline."""
     benches = evidence.benches
-    ranks = _separation_ranks(mats, labels, benches, plan)
+    ranks = _separation_ranks(mats, labels, benches)
     rows = []
     for label in labels:
         common = {"ckpt": ckpt, "budget_fraction": fraction, "method": label,
@@ -64,7 +64,7 @@ def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mat
         for bench in benches:
             x = mats[label][bench]
             row = {**common, "bench": bench, "statistic": "mean", "n_problems": x.shape[1],
-                   **_interval("", stats.mean_interval(x, plan, bench))}
+                   **_interval("", stats.mean_interval(x))}
             if compared:
                 row.update(_compare_on_bench(x, mats[baseline][bench], plan, bench))
             value = reported.get(label, bench) if reported and metric == evidence.avg_metric else None
@@ -81,20 +81,20 @@ def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mat
     return rows
 
 
-def _separation_ranks(mats: dict[str, dict[str, np.ndarray]], labels: list[str], benches: list[str],
-                      plan: stats.BootstrapPlan) -> dict[str, dict[str, int]]:
-    """Bench (and 'all') -> label -> rank, from the pairwise differences between all labels (paired by the plan)."""
+def _separation_ranks(mats: dict[str, dict[str, np.ndarray]], labels: list[str],
+                      benches: list[str]) -> dict[str, dict[str, int]]:
+    """Bench (and 'all') -> label -> rank, from the paired differences between all labels."""
     pairs = [(a, b) for a in labels for b in labels if a != b]
     ranks = {bench: stats.separation_ranks(labels, {(a, b): stats.paired_difference(
-        mats[a][bench], mats[b][bench], plan, bench) for a, b in pairs}) for bench in benches}
-    ranks["all"] = stats.separation_ranks(labels, {(a, b): stats.aggregate_difference(mats[a], mats[b], plan)
+        mats[a][bench], mats[b][bench]) for a, b in pairs}) for bench in benches}
+    ranks["all"] = stats.separation_ranks(labels, {(a, b): stats.aggregate_difference(mats[a], mats[b])
                                                    for a, b in pairs})
     return ranks
 
 
 def _compare_on_bench(x: np.ndarray, y: np.ndarray, plan: stats.BootstrapPlan, bench: str) -> dict:
     """Method ``x`` against baseline ``y`` (both (S, P)) on one benchmark: Δ, P(X > Y), verdict."""
-    difference = stats.paired_difference(x, y, plan, bench)
+    difference = stats.paired_difference(x, y)
     improvement = stats.improvement_interval(x, y, plan, bench)
     return {**_interval("diff", difference), **_interval("p_improvement", improvement),
             "verdict": stats.verdict(difference)}
@@ -102,7 +102,7 @@ def _compare_on_bench(x: np.ndarray, y: np.ndarray, plan: stats.BootstrapPlan, b
 
 def _compare_over_benches(x: dict[str, np.ndarray], y: dict[str, np.ndarray], plan: stats.BootstrapPlan) -> dict:
     """Method ``x`` against baseline ``y`` (bench -> (S, P)) averaged over benchmarks: Δ, P(X > Y), verdict."""
-    difference = stats.aggregate_difference(x, y, plan)
+    difference = stats.aggregate_difference(x, y)
     improvement = stats.aggregate_improvement(x, y, plan)
     return {**_interval("diff", difference), **_interval("p_improvement", improvement),
             "verdict": stats.verdict(difference)}
