@@ -1,9 +1,3 @@
-"""Token-targeting methods. Importing this package registers the built-in ones."""
-
-from methods import uniform  # noqa: F401
-from methods import d3s  # noqa: F401
-from methods import nat  # noqa: F401
-from methods import entropy  # noqa: F401
-from methods import gmts  # noqa: F401
-from methods import rsi  # noqa: F401
-from methods import ktae  # noqa: F401
+"""Token-targeting methods: ``base.py`` (the Method interface), ``registry.py`` (methods by name) and one module per
+method. The registry imports every other module of this package (``methods.registry.registered_methods``), so a
+new method is a new module here, with no line to add in this file."""

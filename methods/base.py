@@ -27,7 +27,11 @@ from typing import Any, ClassVar
 import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-STATISTICS = frozenset({"entropy", "sum_p2", "ref_logp"})
+# Token statistics beyond logp that a method may name in ``needs`` (the fields of TokenStats below). The logit
+# statistics come from pi_theta's logits in the same chunked pass as logp (harness/train/token_statistics.py);
+# ref_logp comes from a forward of the reference model.
+LOGIT_STATISTICS = ("entropy", "sum_p2")
+STATISTICS = (*LOGIT_STATISTICS, "ref_logp")
 
 
 @dataclass
@@ -202,10 +206,24 @@ def aggregation_weights(mask: torch.Tensor, mode: str, max_completion_length: in
     raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
 
 
+def check_needs(owner: str, needs) -> frozenset[str]:
+    """``needs`` as a frozenset, or a ValueError naming ``owner``, the unknown names and the allowed ones (a typo
+    would otherwise leave the statistic uncomputed and the method reading None)."""
+    if isinstance(needs, str):  # frozenset("entropy") would be a set of letters
+        raise ValueError(f"{owner}: needs must be a set of statistic names, got the string {needs!r}")
+    needs = frozenset(needs)
+    unknown = sorted(needs - set(STATISTICS))
+    if unknown:
+        raise ValueError(f"{owner}: needs names unknown statistic(s) {unknown}; allowed: {list(STATISTICS)}")
+    return needs
+
+
 class Method:
     """The uniform baseline: every completion token, weight 1, the baseline's aggregation.
 
     Subclasses set ``name``, ``needs`` and a ``Config`` dataclass whose defaults are the paper's, and override hooks.
+    ``needs`` is checked against STATISTICS when the class is registered (``methods.registry.register_method``) and
+    when an instance sets its own (GMTS picks its statistic from its config).
     """
 
     name: ClassVar[str] = "uniform"
@@ -228,6 +246,11 @@ class Method:
         weights) can be nonzero; the trainer then runs the LM head only there, and the statistics are 0 elsewhere.
         None (default): every position. ``batch`` is the prepared batch (after ``before_forward``)."""
         return None
+
+    def __setattr__(self, attribute: str, value: Any) -> None:
+        if attribute == "needs":
+            value = check_needs(f"method {self.name!r} ({type(self).__qualname__})", value)
+        super().__setattr__(attribute, value)
 
     def on_rollouts(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         return batch

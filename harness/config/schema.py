@@ -22,7 +22,10 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from harness.config.choices import BUDGET_KINDS, PROMPT_TEMPLATES, SCORERS
+from harness.config.launch import per_device_rollouts, training_processes, vllm_server_gpus
 from harness.config.paths import CONFIG_DIR, REPO_ROOT
+from methods.base import AGGREGATIONS
 
 
 class ConfigError(ValueError):
@@ -111,7 +114,7 @@ class BudgetConfig:
     checkpoint_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     max_steps: int = 100_000  # safety cap on optimizer steps for budgets that are not counted in steps
 
-    CHOICES = {"kind": ("flops", "accel_seconds", "tokens", "samples", "steps")}
+    CHOICES = {"kind": BUDGET_KINDS}
     RANGES = {"amount": (1e-12, None), "max_steps": (1, None)}
 
     def __post_init__(self):
@@ -176,8 +179,8 @@ class TrainConfig:
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO's soft overlong punishment; off by default
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
-    CHOICES = {"aggregation": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-               "scale_rewards": ("group", "none"), "reward": ("numeric", "math_verify"),
+    CHOICES = {"aggregation": AGGREGATIONS,
+               "scale_rewards": ("group", "none"), "reward": SCORERS,
                "launcher": ("python", "accelerate"), "distributed": ("ddp", "deepspeed_zero3", "fsdp"),
                "vllm_mode": ("colocate", "server")}
     RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
@@ -205,7 +208,7 @@ class BenchmarkConfig:
     scorer: str = "math_verify"  # math_verify | numeric
     limit: int = 0  # 0 = every problem
 
-    CHOICES = {"scorer": ("math_verify", "numeric")}
+    CHOICES = {"scorer": SCORERS}
     RANGES = {"limit": (0, None)}
 
 
@@ -290,7 +293,7 @@ class PresetConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # cluster jobs; not part of any result
 
-    CHOICES = {"prompt_template": ("tiny", "qwen_boxed", "plain_8020", "chat")}
+    CHOICES = {"prompt_template": PROMPT_TEMPLATES}
 
 
 @dataclass
@@ -459,8 +462,7 @@ def resolve(sweep: str | Path | dict, overrides: list[str] | None = None) -> Res
 def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
     """Checks across sections: the launch settings against the GPUs the jobs get, and eval-only labels."""
     train, res = preset.train, preset.resources
-    server = train.vllm_tensor_parallel_size if train.use_vllm and train.vllm_mode == "server" else 0
-    processes = 1 if train.launcher == "python" else res.train.gpus - server
+    server, processes = vllm_server_gpus(train), training_processes(preset)
     problems = []
     if train.launcher == "python" and res.train.gpus > 1 + server:
         problems.append(f"train.launcher=python runs one process on one GPU but resources.train.gpus="
@@ -475,9 +477,11 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
     if train.use_vllm and not server and processes >= 1 and processes % train.vllm_tensor_parallel_size:
         problems.append(f"train.vllm_tensor_parallel_size={train.vllm_tensor_parallel_size} must divide the "
                         f"{processes} training processes")
-    if processes >= 1 and train.prompts_per_step % processes:
-        problems.append(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {processes} "
-                        "training processes (each process holds whole prompt groups)")
+    if processes >= 1:
+        try:
+            per_device_rollouts(train, processes)
+        except ValueError as exc:  # prompts_per_step is not a multiple of the processes
+            problems.append(str(exc))
     vllm = preset.eval.vllm
     if preset.eval.backend == "vllm" and res.eval.gpus != vllm.tensor_parallel_size * vllm.data_parallel_size:
         problems.append(f"eval.backend=vllm with tensor_parallel_size={vllm.tensor_parallel_size} x "

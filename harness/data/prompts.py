@@ -10,6 +10,8 @@ Templates (by name, chosen in the preset's ``prompt_template``):
 
 from __future__ import annotations
 
+from harness.config.choices import PROMPT_TEMPLATES  # _FORMATS below and "chat"
+
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 _FORMATS = {
@@ -18,7 +20,6 @@ _FORMATS = {
                    "<|im_start|>assistant\n"),
     "plain_8020": "User:\n{problem}\n" + BOXED_INSTRUCTION + "\n\nAssistant:\n",
 }
-PROMPT_TEMPLATES = (*_FORMATS, "chat")
 
 
 def render_prompt(template: str, problem: str, tokenizer=None) -> str:

@@ -54,9 +54,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from harness.config.choices import SCORERS
 from harness.config.paths import REPO_ROOT
 
-SCORERS = ("numeric", "math_verify")
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy + antlr on a loaded 2-core box can take a while
 
 

@@ -21,7 +21,7 @@ from harness.config.paths import CONFIG_DIR
 from harness.config.schema import ConfigError, load_method, parse_overrides
 from harness.data.files import write_json_atomic
 from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
-from methods.base import StepContext, TokenStats
+from methods.base import STATISTICS, StepContext, TokenStats
 
 DEFAULT_SPECIAL_TOKEN_IDS = (151643,)
 STEP_KEYS = ("aggregation", "clip_eps_low", "clip_eps_high", "beta", "max_completion_length", "step")
@@ -77,7 +77,7 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     group_ids = _tensor(raw, "group_ids", batch_file, (B,), torch.long)
     logp = _tensor(raw, "logp", batch_file, (B, T), torch.float32)
     optional = {k: _tensor(raw, k, batch_file, (B, T), torch.float32)
-                for k in ("entropy", "sum_p2", "old_logp", "ref_logp") if k in raw}
+                for k in ("old_logp", *STATISTICS) if k in raw}
     progress = float(raw.get("progress", 0.0))
     if not 0.0 <= progress <= 1.0:
         raise ValueError(f"{batch_file}: key 'progress' must be in [0, 1], got {progress}")
@@ -90,8 +90,8 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
                       **{"max_completion_length": T, **step_settings})
     method = _method(label_or_name, overrides)
-    missing = sorted(name for name in method.needs_at(ctx)
-                     if name in ("entropy", "sum_p2", "ref_logp") and name not in optional)
+    # needs_at: needs (checked against STATISTICS when set) plus what a step setting adds (GMTS: ref_logp at beta > 0)
+    missing = sorted(name for name in method.needs_at(ctx) if name not in optional)
     if missing:
         raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}")
     special = tuple(int(i) for i in raw.get("special_token_ids", DEFAULT_SPECIAL_TOKEN_IDS))

@@ -21,8 +21,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.config.launch import training_processes, vllm_server_gpus
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import JobResources, PresetConfig, Resolved, TrainConfig, load_method
+from harness.config.schema import JobResources, PresetConfig, Resolved, load_method
 
 ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
 VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
@@ -48,18 +49,6 @@ def snakemake_resources(job: JobResources) -> dict[str, int | str]:
 def rule_resources(preset: PresetConfig) -> dict[str, dict[str, int | str]]:
     """``snakemake_resources`` for every rule of the Snakefile."""
     return {rule: snakemake_resources(getattr(preset.resources, section)) for rule, section in RULE_RESOURCES.items()}
-
-
-def vllm_server_gpus(train: TrainConfig) -> int:
-    """GPUs of the train job that serve rollouts (``vllm_mode=server``); 0 otherwise."""
-    return train.vllm_tensor_parallel_size if train.use_vllm and train.vllm_mode == "server" else 0
-
-
-def training_processes(preset: PresetConfig) -> int:
-    """Processes of one train job: 1 for the python launcher, else one per GPU not serving vLLM."""
-    if preset.train.launcher == "python":
-        return 1
-    return preset.resources.train.gpus - vllm_server_gpus(preset.train)
 
 
 def mixed_precision(dtype: str) -> str:

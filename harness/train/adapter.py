@@ -32,13 +32,14 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
+from harness.config.launch import per_device_rollouts
 from harness.config.schema import PresetConfig
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
 from harness.train.hooks import PreparedBatch, kl_weights_of, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.row_chunks import RowChunk, row_chunks, statistics_by_row_chunks
-from harness.train.token_statistics import model_token_statistics
+from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, group_advantages
 
 # Prefix of the keys this adapter adds to TRL's batch dict for the RolloutBatch fields TRL does not carry (rewards,
@@ -63,15 +64,6 @@ def reward_function(scorer: str, timeout_s: float):
 
 
 VLLM_PORT_ENV = ("HARNESS_VLLM_SERVER_PORT", "HARNESS_VLLM_GROUP_PORT")  # set by scripts/train-with-vllm-server.sh
-
-
-def per_device_rollouts(train, world_size: int) -> int:
-    """Rollouts per process and step: the step's ``prompts_per_step x num_generations`` split over the
-    ``world_size`` processes of ``accelerate launch`` (1 without it), whole prompt groups on each process."""
-    if train.prompts_per_step % world_size:
-        raise ValueError(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {world_size} "
-                         "training processes (each process holds whole prompt groups)")
-    return train.prompts_per_step // world_size * train.num_generations
 
 
 def vllm_settings(train, env=None) -> dict:
@@ -325,7 +317,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True,
                      loss_positions: torch.Tensor | None = None) -> TokenStats:
-        extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & {"entropy", "sum_p2"}))
+        extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & set(EXTRA_STATISTICS)))
         stats = self._chunked_statistics(model, inputs, extras, "train", backward, loss_positions)
         ref_logp = (self._reference_logp(inputs, loss_positions) if reference and self.ref_policy is not None
                     else None)

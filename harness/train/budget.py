@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+from harness.config.choices import BUDGET_KINDS
+
 PHASES = ("generation", "reference", "train")
-BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples", "steps")
 
 
 @dataclass(frozen=True)

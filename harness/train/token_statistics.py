@@ -26,7 +26,9 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
-EXTRA_STATISTICS = ("entropy", "sum_p2")
+from methods.base import LOGIT_STATISTICS
+
+EXTRA_STATISTICS = LOGIT_STATISTICS  # entropy, sum_p2: named once, in the Method interface
 # config attributes of models that transform the head's logits after the head; the statistics would miss that
 UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 

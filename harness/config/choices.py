@@ -1,0 +1,17 @@
+"""The closed sets of names the configuration accepts, each defined once.
+
+The configuration (``harness/config/schema.py``) is the lowest layer of ``harness/``, so the names it validates
+against live here and the modules that implement them import them from here: a new name is added in this file and
+implemented in its module, and ``tests/test_config.py`` fails until both agree.
+
+- ``BUDGET_KINDS``: what ``train.budget.kind`` counts; each is spent in ``harness/train/budget.py``.
+- ``PROMPT_TEMPLATES``: ``prompt_template``; each is rendered by ``harness/data/prompts.py``.
+- ``SCORERS``: ``train.reward`` and ``eval.benchmarks.<name>.scorer``; each is ``harness/data/scoring.py``.
+
+The loss aggregations (``train.aggregation``) and the token statistics a method may read belong to the method
+interface, ``methods/base.py`` (``AGGREGATIONS``, ``STATISTICS``): ``methods/`` never imports ``harness``.
+"""
+
+BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples", "steps")
+PROMPT_TEMPLATES = ("tiny", "qwen_boxed", "plain_8020", "chat")
+SCORERS = ("numeric", "math_verify")

@@ -1,0 +1,37 @@
+"""The launch arithmetic of a train job, in one place: how many training processes it runs and how many rollouts
+each process holds. The configuration checks it at start (``harness/config/schema.py`` ``check_launch``), the
+cluster jobs are built from it (``harness/ops/resources.py``) and the trainer splits its batch with it
+(``harness/train/adapter.py``).
+
+A train job gets ``resources.train.gpus`` GPUs. With ``train.vllm_mode=server`` the last
+``train.vllm_tensor_parallel_size`` of them serve rollouts; the others train, one process each under
+``train.launcher=accelerate``. ``train.launcher=python`` is one process whatever the GPU count. A step's
+``prompts_per_step x num_generations`` rollouts are split over the processes in whole prompt groups.
+
+The arguments are the config sections (``TrainConfig``, ``PresetConfig``), read by attribute only, so this module
+imports nothing from the schema that uses it.
+"""
+
+from __future__ import annotations
+
+
+def vllm_server_gpus(train) -> int:
+    """GPUs of the train job that serve rollouts (``train.vllm_mode=server``); 0 otherwise."""
+    return train.vllm_tensor_parallel_size if train.use_vllm and train.vllm_mode == "server" else 0
+
+
+def training_processes(preset) -> int:
+    """Processes of one train job: 1 for the python launcher, else one per GPU not serving vLLM (may be < 1 for
+    an inconsistent config, which ``check_launch`` reports)."""
+    if preset.train.launcher == "python":
+        return 1
+    return preset.resources.train.gpus - vllm_server_gpus(preset.train)
+
+
+def per_device_rollouts(train, processes: int) -> int:
+    """Rollouts per process and step: the step's ``prompts_per_step x num_generations`` split over ``processes``
+    (the ``accelerate launch`` world size, 1 without it), whole prompt groups on each process."""
+    if train.prompts_per_step % processes:
+        raise ValueError(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {processes} "
+                         "training processes (each process holds whole prompt groups)")
+    return train.prompts_per_step // processes * train.num_generations
