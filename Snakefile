@@ -23,10 +23,9 @@ configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
 RESOLVED = resolve(dict(config))
 SWEEP = RESOLVED.sweep
 PRESET = RESOLVED.preset
-PATHS = SweepPaths(RESOLVED.results_dir)
-ROOT = str(PATHS.root)
+PATHS = SweepPaths(RESOLVED.results_dir)  # every path below comes from here (harness/config/paths.py)
 # The exact sweep mapping every job reads, rewritten only when it changes (its mtime then marks a real change).
-SWEEP_FILE = PATHS.root / "sweep.yaml"
+SWEEP_FILE = PATHS.sweep_file
 _sweep_text = json.dumps(dict(config), sort_keys=True, indent=1, default=str)
 if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
     SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -72,11 +71,17 @@ TRAINED_LABEL = (rf"(?!(?:{_released_alternation})(?![A-Za-z0-9_\-]))[A-Za-z0-9_
 def eval_targets():
     runs = [(m, s, c) for m in SWEEP.methods for s in SWEEP.seeds for c in CKPTS]
     runs.append((WARMSTART_LABEL, 0, "ckpt-000"))
-    return [f"{ROOT}/eval/{m}/seed{s}/{c}/{b}/results.json" for m, s, c in runs for b in BENCHES]
+    return [str(PATHS.results_file(m, s, c, b)) for m, s, c in runs for b in BENCHES]
 
 
-REPORT_OUTPUTS = [f"{ROOT}/{name}" for name in
-                  ("leaderboard.md", "leaderboard.csv", "leaderboard_runs.csv", "report.html")]
+def run_files():
+    return [str(PATHS.run_file(m, s)) for m in SWEEP.methods for s in SWEEP.seeds]
+
+
+# Snakemake wildcard patterns of the per-job paths: the same SweepPaths methods with "{method}" for the label.
+METHOD, SEED, CKPT = "{method}", "{seed}", "{ckpt}"
+RUN_FILE = str(PATHS.run_file(METHOD, SEED))
+REPORT_OUTPUTS = [str(p) for p in PATHS.report_files()]
 REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}.yaml"
 
 
@@ -89,7 +94,7 @@ rule data:
     output:
         DATA_OUTPUTS,
     log:
-        f"{ROOT}/logs/data.log",
+        str(PATHS.log_file("data")),
     params:
         cfg=digest(PRESET_DICT["data"]),
     resources:
@@ -102,11 +107,11 @@ rule warmstart:
     input:
         DATA_OUTPUTS,
     output:
-        f"{ROOT}/warmstart/model/warmstart.json",
+        str(PATHS.warmstart_file),
     log:
-        f"{ROOT}/logs/warmstart.log",
+        str(PATHS.log_file("warmstart")),
     benchmark:
-        f"{ROOT}/benchmarks/warmstart.tsv"
+        str(PATHS.benchmark_file("warmstart"))
     params:
         cfg=digest([PRESET_DICT["model"], PRESET_DICT["warmstart"], PRESET_DICT["data"]]),
     threads: PRESET.warmstart.threads
@@ -120,11 +125,11 @@ rule train:
     input:
         rules.warmstart.output,
     output:
-        f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json",
+        RUN_FILE,
     log:
-        f"{ROOT}/logs/train/{{method}}_seed{{seed}}.log",
+        str(PATHS.log_file("train", METHOD, SEED)),
     benchmark:
-        f"{ROOT}/benchmarks/train/{{method}}_seed{{seed}}.tsv"
+        str(PATHS.benchmark_file("train", METHOD, SEED))
     params:
         cfg=method_digest,
     wildcard_constraints:
@@ -144,9 +149,9 @@ if RELEASED:
     rule fetch:
         # an eval-only label: its released checkpoint becomes the run's ckpt-100 and run.json (harness/ops/fetch.py)
         output:
-            f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json",
+            RUN_FILE,
         log:
-            f"{ROOT}/logs/fetch/{{method}}_seed{{seed}}.log",
+            str(PATHS.log_file("fetch", METHOD, SEED)),
         params:
             checkpoint=lambda wildcards: RELEASED[wildcards.method],
             dtype=PRESET.model.dtype,
@@ -161,19 +166,19 @@ if RELEASED:
 def eval_input(wildcards):
     if wildcards.method == WARMSTART_LABEL:
         return rules.warmstart.output
-    return f"{ROOT}/runs/{wildcards.method}/seed{wildcards.seed}/run.json"
+    return str(PATHS.run_file(wildcards.method, wildcards.seed))
 
 
 rule eval:
     input:
         eval_input,
     output:
-        [f"{ROOT}/eval/{{method}}/seed{{seed}}/{{ckpt}}/{bench}/{name}" for bench in BENCHES
-         for name in ("results.json", "samples.jsonl")],
+        [str(path) for bench in BENCHES for path in (PATHS.results_file(METHOD, SEED, CKPT, bench),
+                                                     PATHS.samples_file(METHOD, SEED, CKPT, bench))],
     log:
-        f"{ROOT}/logs/eval/{{method}}_seed{{seed}}_{{ckpt}}.log",
+        str(PATHS.log_file("eval", METHOD, SEED, CKPT)),
     benchmark:
-        f"{ROOT}/benchmarks/eval/{{method}}_seed{{seed}}_{{ckpt}}.tsv"
+        str(PATHS.benchmark_file("eval", METHOD, SEED, CKPT))
     params:
         cfg=EVAL_DIGEST,
     threads: PRESET.eval.threads
@@ -187,12 +192,12 @@ rule eval:
 rule report:
     input:
         eval_targets(),
-        expand(f"{ROOT}/runs/{{method}}/seed{{seed}}/run.json", method=SWEEP.methods, seed=SWEEP.seeds),
+        run_files(),
         [str(REPORTED_FILE)] if REPORTED_FILE.is_file() else [],
     output:
         REPORT_OUTPUTS,
     log:
-        f"{ROOT}/logs/report.log",
+        str(PATHS.log_file("report")),
     resources:
         **RES["report"],
     shell:

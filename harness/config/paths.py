@@ -1,5 +1,8 @@
 """Where things live: the checkout (REPO_ROOT) and each artefact of a sweep; the Snakefile and the CLI build paths
-here."""
+here.
+
+``SweepPaths`` methods take labels, seeds and checkpoint names as values or as Snakemake wildcard patterns:
+``paths.run_file("{method}", "{seed}")`` is the train rule's output pattern."""
 
 from __future__ import annotations
 
@@ -15,11 +18,21 @@ def checkpoint_name(fraction: float) -> str:
     return f"ckpt-{round(fraction * 100):03d}"
 
 
+REPORT_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard_runs.csv", "report.html")  # harness report
+
+
 class SweepPaths:
-    """The files of one sweep under ``results/<sweep>/``: runs/, eval/, logs/ (the Snakefile's layout)."""
+    """The files of one sweep under ``results/<sweep>/`` (the Snakefile's layout): data/, warmstart/model/,
+    runs/<label>/seed<N>/[ckpt-XXX/], eval/<label>/seed<N>/<ckpt>/<bench>/, logs/ and benchmarks/ (one file per
+    job, the same name in both), the report files."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
+
+    @property
+    def sweep_file(self) -> Path:
+        """The resolved sweep mapping every job of the DAG reads (written by the Snakefile)."""
+        return self.root / "sweep.yaml"
 
     @property
     def data_dir(self) -> Path:
@@ -28,6 +41,11 @@ class SweepPaths:
     @property
     def warmstart_dir(self) -> Path:
         return self.root / "warmstart" / "model"
+
+    @property
+    def warmstart_file(self) -> Path:
+        """Written last by the warm start: its presence marks a complete warm-start model."""
+        return self.warmstart_dir / "warmstart.json"
 
     def run_dir(self, label: str, seed: int | str) -> Path:
         return self.root / "runs" / label / f"seed{seed}"
@@ -58,12 +76,33 @@ class SweepPaths:
     def samples_file(self, label: str, seed: int | str, ckpt: str, bench: str) -> Path:
         return self.eval_dir(label, seed, ckpt, bench) / "samples.jsonl"
 
+    def report_files(self) -> list[Path]:
+        return [self.root / name for name in REPORT_FILES]
+
     @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
 
+    def log_file(self, rule: str, label: str | None = None, seed: int | str | None = None,
+                 ckpt: str | None = None) -> Path:
+        """A job's log: logs/<rule>.log for the sweep-wide rules, logs/<rule>/<label>_seed<N>[_<ckpt>].log."""
+        return self._job_file(self.logs_dir, ".log", rule, label, seed, ckpt)
+
+    def benchmark_file(self, rule: str, label: str | None = None, seed: int | str | None = None,
+                       ckpt: str | None = None) -> Path:
+        """A job's Snakemake benchmark (time and memory), named like its log, under benchmarks/."""
+        return self._job_file(self.root / "benchmarks", ".tsv", rule, label, seed, ckpt)
+
     def train_log(self, label: str, seed: int | str) -> Path:
-        return self.logs_dir / "train" / f"{label}_seed{seed}.log"
+        return self.log_file("train", label, seed)
 
     def eval_log(self, label: str, seed: int | str, ckpt: str) -> Path:
-        return self.logs_dir / "eval" / f"{label}_seed{seed}_{ckpt}.log"
+        return self.log_file("eval", label, seed, ckpt)
+
+    @staticmethod
+    def _job_file(folder: Path, suffix: str, rule: str, label: str | None, seed: int | str | None,
+                  ckpt: str | None) -> Path:
+        if label is None:
+            return folder / f"{rule}{suffix}"
+        name = f"{label}_seed{seed}" + (f"_{ckpt}" if ckpt is not None else "")
+        return folder / rule / f"{name}{suffix}"
