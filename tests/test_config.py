@@ -71,3 +71,49 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
     assert main(["data", "--set", "data.synthetic.terms=1"]) == 2
     assert "data.synthetic.terms" in capsys.readouterr().err
+
+
+# --- the closed sets of names: defined once, implemented by their modules -----------------------------------------
+
+
+def test_schema_choices_are_the_owners_names():
+    from harness.config import choices
+    from harness.config.schema import BenchmarkConfig, BudgetConfig, PresetConfig, TrainConfig
+    from methods.base import AGGREGATIONS
+
+    assert TrainConfig.CHOICES["aggregation"] is AGGREGATIONS
+    assert TrainConfig.CHOICES["reward"] is choices.SCORERS
+    assert BenchmarkConfig.CHOICES["scorer"] is choices.SCORERS
+    assert BudgetConfig.CHOICES["kind"] is choices.BUDGET_KINDS
+    assert PresetConfig.CHOICES["prompt_template"] is choices.PROMPT_TEMPLATES
+
+
+def test_every_prompt_template_renders():
+    from harness.config.choices import PROMPT_TEMPLATES
+    from harness.data.prompts import render_prompt
+
+    class ChatTokenizer:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"<chat>{messages[0]['content']}"
+
+    for template in PROMPT_TEMPLATES:
+        assert "2+2" in render_prompt(template, "2+2", tokenizer=ChatTokenizer())
+    with pytest.raises(ValueError, match="prompt_template must be one of"):
+        render_prompt("nonesuch", "2+2")
+
+
+def test_every_scorer_and_budget_kind_is_implemented():
+    from harness.config.choices import BUDGET_KINDS, SCORERS
+    from harness.data.scoring import score_batch
+    from harness.train.budget import BudgetLedger
+
+    for scorer in SCORERS:  # an empty batch reaches the scorer's branch without starting a math-verify worker
+        assert score_batch([], [], scorer, 1.0) == []
+    with pytest.raises(ValueError, match="known scorers"):
+        score_batch([], [], "regex", 1.0)
+    ledger = BudgetLedger(steps=3, samples=24)
+    assert {kind: ledger.spent(kind) for kind in BUDGET_KINDS}["steps"] == 3.0
+    with pytest.raises(ValueError, match="budget kind must be one of"):
+        ledger.spent("joules")

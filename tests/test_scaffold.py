@@ -14,10 +14,13 @@ from harness.ops.scaffold import scaffold_method
 
 def test_scaffolded_method_registers_tests_green_and_inspects(tmp_path):
     shutil.copytree(REPO_ROOT / "methods", tmp_path / "methods")
+    init_before = (tmp_path / "methods" / "__init__.py").read_text()
     created = scaffold_method("mymethod", root=tmp_path)
     assert [p.relative_to(tmp_path).as_posix() for p in created] == [
         "methods/mymethod.py", "configs/method/mymethod.yaml", "tests/methods/test_mymethod.py"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the copy's `methods` package shadows the repo's
+    assert (tmp_path / "methods" / "__init__.py").read_text() == init_before  # found by the registry, not listed
+    # the copy's `methods` package shadows the repo's; `harness` comes from this checkout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
     test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(tmp_path / "tests" / "methods" / "test_mymethod.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -30,7 +33,11 @@ def test_scaffolded_method_registers_tests_green_and_inspects(tmp_path):
                               "--out", str(tmp_path / "out.json")], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=300)
     assert inspect.returncode == 0, inspect.stderr[-2000:]
-    assert json.loads((tmp_path / "out.json").read_text())["method"] == "mymethod"
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["method"] == "mymethod"
+    # real tokens' H: 0.5, 1.0, 0.2; their 0.8 quantile is 0.8, so only H = 1.0 is kept: 1 of 3 (the metric's name
+    # is the one the real methods log)
+    assert out["metrics"] == {"tokens_selected_frac": pytest.approx(1 / 3)}
 
 
 @pytest.mark.parametrize("name, message", [("uniform", "already exists"), ("My-Method", "lowercase"),

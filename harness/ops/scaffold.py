@@ -1,4 +1,8 @@
-"""``harness new-method NAME``: a method module, its config and a test that runs, ready to fill in."""
+"""``harness new-method NAME``: a method module, its config and a test that runs, ready to fill in.
+
+The module registers itself (``@register_method``) and the registry imports every module of ``methods/``, so
+nothing else is edited. A method in another package registers through the ``harness.methods`` entry point group
+instead (README, "Add a method")."""
 
 from __future__ import annotations
 
@@ -20,12 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.entropy import quantile_entropy_mask
 from methods.registry import register_method
 
 
 @register_method("{name}")
 class {cls}(Method):
-    needs = frozenset({{"entropy"}})  # statistics beyond logp this method reads: entropy, sum_p2, ref_logp
+    needs = frozenset({{"entropy"}})  # statistics beyond logp this method reads (methods.base.STATISTICS)
     deviations = ()
 
     @dataclass
@@ -35,15 +40,19 @@ class {cls}(Method):
 
         def __post_init__(self):
             if not 0.0 < self.rho <= 1.0:
-                raise ValueError(f"rho must be in (0, 1], got {{self.rho}}")
+                raise ValueError(f"method.rho must be in (0, 1], got {{self.rho!r}}")
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
-        mask = batch.completion_mask  # (B, T)
-        # S = tokens whose entropy is at least the (1 - rho) quantile of the batch (replace with the paper's rule)
-        threshold = torch.quantile(stats.entropy[mask > 0], 1.0 - self.config.rho)
-        selected = mask * (stats.entropy >= threshold)
+        if stats.entropy is None:
+            raise ValueError("method '{name}' needs stats.entropy (declared in {cls}.needs)")
+        mask = batch.completion_mask > 0  # (B, T)
+        # S = M & (H >= quantile(H[M], 1 - rho)): replace with the paper's rule. The helper is the entropy method's
+        # (TRL semantics), which also works past torch.quantile's input size limit and on an empty mask.
+        selected, _ = quantile_entropy_mask(stats.entropy.detach(), mask, self.config.rho)
+        selected = selected.to(torch.float32)
         weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-        return TokenWeights(weights, denominator, {{"selected_frac": float(selected.sum() / mask.sum())}})
+        n = int(mask.sum())
+        return TokenWeights(weights, denominator, {{"tokens_selected_frac": float(selected.sum()) / max(n, 1)}})
 '''
 
 CONFIG = """# {title}: overrides of methods/{name}.py Config (its defaults are the paper's).
@@ -73,6 +82,7 @@ def test_{name}_keeps_some_tokens_and_no_padding():
     out = run_hooks(method, batch, stats_for, StepContext(max_completion_length=4))
     assert out.weights[mask == 0].eq(0).all()
     assert out.weights.gt(0).any()
+    assert 0.0 < out.metrics["tokens_selected_frac"] <= 1.0
 '''
 
 
@@ -91,15 +101,4 @@ def scaffold_method(name: str, root: Path = REPO_ROOT) -> list[Path]:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    _register_import(name, root)
-    return list(files)
-
-
-def _register_import(name: str, root: Path) -> None:
-    """Built-in methods register by import in methods/__init__.py; a method in another package uses the
-    ``harness.methods`` entry point group instead (README, "Add a method")."""
-    init = root / "methods" / "__init__.py"
-    text = init.read_text(encoding="utf-8")
-    line = f"from methods import {name}  # noqa: F401\n"
-    if line not in text:
-        init.write_text(text + line, encoding="utf-8")
+    return list(files)  # the registry finds methods/<name>.py by itself (methods/registry.py)
