@@ -1,6 +1,7 @@
 """The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed, ckpt: every benchmark) -> report.
 
-A bare `snakemake --cores 2` runs configs/sweeps/default.yaml. Another sweep: `--configfile configs/sweeps/X.yaml`.
+A bare `snakemake --cores 2` runs configs/sweeps/default.yaml.
+Another sweep: `--configfile configs/sweeps/<name>.yaml`.
 Overrides: `--config set="train.learning_rate=1e-4 eval.k=2"` or `--config 'train={learning_rate: 1e-4}'`.
 The whole configuration is validated here, before any job starts. Each rule is one `harness` command.
 A label whose method config names a released `checkpoint` is fetched (rule fetch) instead of trained.

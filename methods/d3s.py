@@ -1,7 +1,7 @@
 """D3S: Dynamic Dual-Level Down-Sampling (Wang et al., "Learning More with Less", arXiv 2509.22115, ICLR 2026).
 
 Sources: the paper (abstract and Sec. 3 as restated by paper-note digests and the OpenReview reviews; see
-METHODS.md Sec. 6); PODS (Xu et al., arXiv 2504.13818) for the max-variance subset. The official code exists only
+docs/methods.md "D3S"); PODS (Xu et al., arXiv 2504.13818) for the max-variance subset. The official code exists only
 in the OpenReview supplement and was not read: nothing here is checked against it.
 
 With A_i the GRPO rollout advantage, normalised over all G rollouts of its group BEFORE any selection, and
@@ -16,11 +16,12 @@ p = ctx.progress (budget spent):
     schedule:                    x(p) = (1 - p) x_start + p x_end   for x in (group_keep, batch_keep, token_keep)
 
 The max-variance subset of size N of n scalars is always the k smallest plus the N - k largest for some k
-(PODS; METHODS.md Sec. 6 [DERIVED]): sort once, scan k = 0..N with prefix sums, O(n log n).
+(PODS; derived in docs/methods.md "D3S"): sort once, scan k = 0..N with prefix sums, O(n log n).
 
-The schedule's start/end values are NOT published (METHODS.md "Decisions"): the defaults (keep 50 % of rollouts and
-20 % of tokens at the start, 100 % of both at the end) are this project's choice. The paper counts rollouts
-(N_s, N); we give fractions of the group size G and of the generation batch B so one config fits every preset.
+The schedule's start/end values are NOT published (docs/methods.md "Project decisions"): the defaults (keep
+50 % of rollouts and 20 % of tokens at the start, 100 % of both at the end) are this project's choice. The paper
+counts rollouts (N_s, N); we give fractions of the group size G and of the generation batch B so one config fits
+every preset.
 With the defaults the per-group pass keeps 75 % of each group and the cross-group pass 50 % of the batch, so both
 passes act. Ablations (set start and end): batch_keep = 1 leaves the per-group pass only; group_keep = 1 the
 cross-group pass only; token_keep = 1 switches the token level off; start = end switches the schedule off.

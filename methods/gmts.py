@@ -3,7 +3,7 @@
 Official code: github.com/outongyiLv/GMTS, Framework1 @70fcd28adf9f292f46b15607aa818cec45df4c63
 (GMTS-Framework1/grpo_tools/grpo.py: ``GMTS`` and ``update_policy``, the per-group reference followed here) and
 Framework2 @ae429bfc062d6847814f8e7a5a8b61060abbb4ef (GMTS-Framework2/verl/workers/actor/dp_actor.py
-``update_policy``). See METHODS.md Sec. 3.
+``update_policy``). See docs/methods.md, section "GMTS".
 
 Each token's score approximates the norm of its loss gradient w.r.t. the logits: the scalar omega multiplying
 grad log pi_theta(y_{i,t}) in its loss term, times the entropy as a proxy for ||p - e_y|| (paper Prop. 3.1):
@@ -28,7 +28,7 @@ Deviations (also in ``GMTS.deviations``):
 - H and r come from the training forward of the step (the loss's own tensors, no grad); the official codes run an
   extra no-grad forward at the start of each mini-batch, which gives the same values on a mini-batch's first step.
 - Groups come from ``group_ids``; Framework1 asserts 16 rollouts per group and Framework2 slices fixed 16-row
-  chunks with a loop that filters only the first groups (bug, METHODS.md Sec. 3b): neither is reproduced.
+  chunks with a loop that filters only the first groups (bug, docs/methods.md "GMTS"): neither is reproduced.
 - Count rule of Framework1; Framework2 instead removes int(0.8 N') of the N' nonzero scores and every tie at the
   threshold.
 - A zero-score token is never kept (project rule). Framework1 keeps a zero-score token that survives the count
@@ -38,7 +38,7 @@ Deviations (also in ``GMTS.deviations``):
   normaliser into A (GRPO: A / (G |o_i|)), which favours short rollouts: switch fold_aggregation=true multiplies
   omega by the token's aggregation weight.
 - The 1/T factor of the logit gradient is left out of omega (a constant: no effect on the ranking).
-- score="exact_gradient" is this project's ablation (METHODS.md Sec. 3a, derived), not in the paper or code.
+- score="exact_gradient" is this project's ablation (docs/methods.md "GMTS", derived), not in the paper or code.
 """
 
 from __future__ import annotations

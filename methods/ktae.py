@@ -1,6 +1,6 @@
 """KTAE: Key-token Advantage Estimation (Sun et al., arXiv 2505.16826, NeurIPS 2025).
 
-Official code: github.com/xiaolizh1/KTAE (mirror ZNLP/KTAE), METHODS.md cites ea9fb77f366216d754e2368653911724e73a7376;
+Official code: github.com/xiaolizh1/KTAE (mirror ZNLP/KTAE), spec read at ea9fb77f366216d754e2368653911724e73a7376;
 this module was checked against the copy at 45f3e77ab1399f95ee98acabd57a066c4e2cc32c:
 verl/workers/actor/compute_key_tokens.py (``ComputeKeyTokens``, ``fisher_exact_test``, ``calculate_ig``,
 ``compute_tf``, ``compute_Cohen``) and verl/trainer/ppo/core_algos.py ``compute_ktae_outcome_advantage_and_keytokens``.

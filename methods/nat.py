@@ -1,6 +1,6 @@
 """NAT: Not All Tokens Are Needed (Sang, Xu, Zhou, He, Wang; arXiv 2603.06619, Feb 2026).
 
-Sources: the abstract and a design-review note citing the paper's v1 Sec. 3-4 (METHODS.md Sec. 7). No official code
+Sources: the abstract and a design-review note citing the paper's v1 Sec. 3-4 (docs/methods.md "NAT"). No official code
 was found, so the tests check the estimator's defining property (Monte Carlo unbiasedness) instead of a golden file.
 
 Horvitz-Thompson partial-token policy gradient: draw a token mask m independent of theta with inclusion

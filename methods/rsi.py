@@ -1,8 +1,8 @@
 """RSI: Relative Surprisal Index token selection (Lv, Zheng, ..., Chen; arXiv 2606.31575, Jun 2026).
 
-No official code was found (METHODS.md Sec. 4, Sec. 9). The definition used by every reimplementation found
+No official code was found (docs/methods.md, "RSI"). The definition used by every reimplementation found
 (TRL-style ``relative_surprisal_index``, open-instruct ``rsi_token_selection``, OpenRLHF ``token_surprisal_filter``)
-and supported by the abstract's claim (METHODS.md Sec. 4a, derived: d ln||grad_z|| / d ln H = 1 / (1 - RSI)):
+and supported by the abstract's claim (docs/methods.md "RSI", derived: d ln||grad_z|| / d ln H = 1 / (1 - RSI)):
 
     RSI_{i,t} = s_{i,t} / H_{i,t} = -log pi_theta(y_{i,t}) / H_{i,t}          (surprisal relative to its expectation)
     S_{i,t}   = M_{i,t} & (H_{i,t} > 0) & (low <= RSI_{i,t} <= high)          (RSI-S: the "stable interval")

@@ -31,7 +31,8 @@ def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_rsi_is_the_local_ratio_of_gradient_norm_and_entropy_variations(seed):
-    # METHODS.md Sec. 4a (derived): under a perturbation of the selected logit, d ln||p - e_y|| / d ln H = 1/(1 - RSI)
+    # docs/methods.md "RSI" (derived): under a perturbation of the selected logit,
+    # d ln||p - e_y|| / d ln H = 1/(1 - RSI)
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(7, generator=g, dtype=torch.float64) * 2
     y = int(torch.randint(0, 7, (1,), generator=g))
