@@ -11,6 +11,8 @@ On a cluster: `snakemake --profile profiles/slurm ...`; each rule's resources co
 import hashlib
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 from harness.config.schema import resolve, load_method
@@ -32,6 +34,9 @@ if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
     SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
     SWEEP_FILE.write_text(_sweep_text)
 HARNESS = f"harness {{cmd}} --sweep {SWEEP_FILE}"
+# Jobs find `harness` (and `accelerate`) next to the interpreter running Snakemake, whatever PATH the shell that
+# submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`.
+shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"; ")
 
 CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
 BENCHES = sorted(PRESET.eval.benchmarks)
