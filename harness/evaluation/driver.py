@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import math
+import os
 import shutil
 import time
 from collections import Counter
@@ -157,12 +158,41 @@ def model_args(model_dir: Path, eval_cfg: EvalConfig, device: str) -> dict:
         raise RuntimeError("eval.backend is 'vllm' but vllm is not installed here; install the GPU extra "
                            "(pip install -e '.[gpu]') or set eval.backend=hf")
     v = eval_cfg.vllm
+    if v.device == "cpu":
+        return vllm_cpu_model_args(model_dir, eval_cfg)
     if v.data_parallel_size > 1 and importlib.util.find_spec("ray") is None:
         raise RuntimeError(f"eval.vllm.data_parallel_size={v.data_parallel_size} needs ray, which is not installed")
     return {"pretrained": str(model_dir), "dtype": "auto", "add_bos_token": False,
             "tensor_parallel_size": v.tensor_parallel_size, "data_parallel_size": v.data_parallel_size,
-            "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len,
-            "seed": eval_cfg.seed, "max_gen_toks": eval_cfg.max_gen_toks}
+            "gpu_memory_utilization": v.gpu_memory_utilization,
+            "max_model_len": vllm_max_model_len(model_dir, eval_cfg), "seed": eval_cfg.seed,
+            "max_gen_toks": eval_cfg.max_gen_toks}
+
+
+def vllm_max_model_len(model_dir: Path, eval_cfg: EvalConfig) -> int:
+    """``eval.vllm.max_model_len``, capped at the model's ``max_position_embeddings``: vLLM refuses a longer context
+    (the tiny preset's char Llama has 160 positions)."""
+    import json
+
+    config_file = Path(model_dir) / "config.json"
+    limit = json.loads(config_file.read_text()).get("max_position_embeddings") if config_file.is_file() else None
+    return min(eval_cfg.vllm.max_model_len, int(limit)) if limit else eval_cfg.vllm.max_model_len
+
+
+def vllm_cpu_model_args(model_dir: Path, eval_cfg: EvalConfig) -> dict:
+    """``eval.vllm.device=cpu``: vLLM's CPU build (its distribution `vllm` carries ``+cpu`` in the version, see
+    scripts/vllm-cpu/), float32 like the hf backend on CPU, eager mode (no graph compilation for a short eval), the
+    engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no spawned worker, no batching across processes)
+    and a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set)."""
+    installed = importlib.metadata.version("vllm")
+    if "cpu" not in installed:
+        raise RuntimeError(f"eval.vllm.device=cpu needs vLLM's CPU build, but vllm {installed} is installed here; "
+                           "HARNESS_VLLM_CPU=1 make setup installs it (on a machine without CUDA)")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return {"pretrained": str(model_dir), "dtype": "float32", "add_bos_token": False, "tensor_parallel_size": 1,
+            "data_parallel_size": 1, "max_model_len": vllm_max_model_len(model_dir, eval_cfg), "seed": eval_cfg.seed,
+            "max_gen_toks": eval_cfg.max_gen_toks, "enforce_eager": True}
 
 
 def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path, repeats: int,
@@ -302,7 +332,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     _score_samples(samples, bench.scorer, eval_cfg.scoring_timeout_s, tokenizer)
     score_s = time.monotonic() - score_start
 
-    context_limit = (eval_cfg.vllm.max_model_len if eval_cfg.backend == "vllm"
+    context_limit = (vllm_max_model_len(model_dir, eval_cfg) if eval_cfg.backend == "vllm"
                      else getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None))
     prompt_lengths = [len(ids) for ids in tokenizer(list(prompts.values()), add_special_tokens=False)["input_ids"]]
     metrics = summarize(samples, eval_cfg.k, eval_cfg.max_gen_toks)
@@ -322,7 +352,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "max_gen_toks": eval_cfg.max_gen_toks,
         "greedy": eval_cfg.greedy,
         "backend": eval_cfg.backend,
-        "device": device if eval_cfg.backend == "hf" else "vllm",
+        "device": device if eval_cfg.backend == "hf" else f"vllm-{eval_cfg.vllm.device}",
         "seed": eval_cfg.seed,
         "scoring_timeout_s": eval_cfg.scoring_timeout_s,
         "stop_sequences": list(stops),
