@@ -161,7 +161,7 @@ def sweeps(tmp_path_factory):
                     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True, timeout=30)
                     assert _freeze_training(job_id), f"no harness train process in Slurm job {job_id}"
                     interrupted[label] = job_id
-            time.sleep(2)
+            time.sleep(1)
         slurm_seconds = time.monotonic() - started
         local.wait(timeout=max(60, TIMEOUT_S - (time.monotonic() - started)))
     finally:

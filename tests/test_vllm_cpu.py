@@ -2,7 +2,8 @@
 
 The config tests run everywhere. The live test (marker `vllm`) needs the CPU build and is skipped without it: a
 tiny-preset warm start is evaluated by `harness eval` with `eval.backend=hf` and with `eval.backend=vllm,
-eval.vllm.device=cpu`; the greedy completions must agree and the accuracies stay within TOLERANCE. Both backends
+eval.vllm.device=cpu`; the greedy completions must agree (up to MAX_DIFFERING_GREEDY of them) and the accuracies
+stay within the tolerances below. Both backends
 run float32 on CPU, but their kernels sum in different orders, so a near tie between two tokens can break the other
 way and the completion then diverges from that token on: the test prints every differing greedy completion.
 """
@@ -36,10 +37,13 @@ SWEEP = {
     "warmstart": {"steps": 150, "batch_size": 16},
     "eval": {"k": 2, "max_gen_toks": 32},
 }
-# Greedy completions that may differ between the backends (near ties, see the module docstring), and the largest
-# accuracy difference allowed per benchmark (greedy and avg@k), in problems' share.
+# Greedy completions that may differ between the backends (near ties, see the module docstring) and the largest
+# greedy accuracy difference per benchmark, as shares of the problems. Sampled completions come from two different
+# random streams (transformers' sampler, vLLM's seeded sampler): avg@2 only has to agree within sampling noise
+# (about 2.5 standard deviations at ~10% accuracy over 20 problems x 2 samples).
 MAX_DIFFERING_GREEDY = 0.10
-TOLERANCE = 0.10
+GREEDY_TOLERANCE = 0.10
+SAMPLED_TOLERANCE = 0.15
 
 
 # --- the config check: vLLM on CPU is allowed deliberately, never by a GPU count ----------------------------------
@@ -123,5 +127,5 @@ def test_vllm_cpu_eval_agrees_with_the_hf_backend(both_backends):
         report += [f"  {i}: hf {a!r}\n  {' ' * len(str(i))}  vllm {b!r}" for i, a, b in differing]
         print("\n".join(report[-len(differing) - 1:]))
         assert len(differing) <= MAX_DIFFERING_GREEDY * len(greedy), "\n".join(report)
-        for metric in ("greedy_accuracy", "avg@2"):
-            assert abs(hf["metrics"][metric] - vl["metrics"][metric]) <= TOLERANCE, "\n".join(report)
+        assert abs(hf["metrics"]["greedy_accuracy"] - vl["metrics"]["greedy_accuracy"]) <= GREEDY_TOLERANCE, "\n".join(report)
+        assert abs(hf["metrics"]["avg@2"] - vl["metrics"]["avg@2"]) <= SAMPLED_TOLERANCE, "\n".join(report)
