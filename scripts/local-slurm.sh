@@ -32,7 +32,12 @@ need_packages() {
 
 need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (slurmd starts jobs as their users): sudo $0 $1"; }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# a live process (not a zombie) with the pid in file $1
+alive() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  kill -0 "$pid" 2>/dev/null && [[ $(ps -o stat= -p "$pid" 2>/dev/null) != Z* ]]
+}
 
 answers() { timeout 10 sinfo -h >/dev/null 2>&1; }
 
