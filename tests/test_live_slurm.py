@@ -4,8 +4,10 @@ run locally with `--cores 2`; both run at once.
 On the Slurm side two training jobs are interrupted on purpose, once each, and the profile's retry resubmits them:
 - uniform: cancelled with `scancel` after its first trainer checkpoint;
 - entropy: made to hit its time limit: after its first trainer checkpoint its limit is lowered to 1 minute
-  (`scontrol update`, Slurm's smallest unit) and its training process is frozen (SIGSTOP), so that it reaches the
-  limit without spending CPU on a longer run; Slurm then kills it (state TIMEOUT).
+  (`scontrol update`, Slurm's smallest unit), so that it reaches the limit without spending CPU on a longer run;
+  Slurm then kills it (state TIMEOUT).
+Each training process is frozen (SIGSTOP) the moment its first checkpoint is seen, before Slurm acts on the job, so
+that the interruption falls mid-run however fast the machine is.
 Both resubmissions resume from the trainer checkpoint (run.json `resumed_from`), and the sweep must come out
 exactly as the local one: leaderboard, every generation, the training metrics and the final weights (CPU
 determinism; only wall/CPU seconds and peak memory differ).
@@ -55,6 +57,7 @@ pytestmark = [
                        reason="the SLURM executor plugin (the `cluster` extra) is not installed"),
 ]
 
+STEPS = 60
 # 2 methods x 1 seed; 150 warm-start steps on 3-term sums so that rewards vary and RL changes the weights
 SWEEP = {
     "name": "live",
@@ -64,7 +67,7 @@ SWEEP = {
     "data": {"synthetic": {"terms": 3, "n_train": 1000, "n_eval": 12, "n_ood": 8}},
     "warmstart": {"steps": 150, "batch_size": 16},
     "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32, "save_every_steps": 1,
-              "budget": {"kind": "steps", "amount": 40, "checkpoint_fractions": [1.0]}},
+              "budget": {"kind": "steps", "amount": STEPS, "checkpoint_fractions": [1.0]}},
     "eval": {"k": 2, "max_gen_toks": 32},
 }
 # values that measure time or memory, not the computation
@@ -154,13 +157,13 @@ def sweeps(tmp_path_factory):
                 label = job["comment"].removeprefix("rule_train_wildcards_").rsplit("_", 1)[0]
                 if label in interrupted or not _train_checkpoint_done(root, label):
                     continue
+                # frozen first, so that the run cannot finish while Slurm acts on the job
+                assert _freeze_training(job_id), f"no harness train process in Slurm job {job_id}"
+                interrupted[label] = job_id
                 if label == "uniform":
                     subprocess.run(["scancel", job_id], check=True, timeout=30)
-                    interrupted[label] = job_id
-                elif label == "entropy":
+                else:
                     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True, timeout=30)
-                    assert _freeze_training(job_id), f"no harness train process in Slurm job {job_id}"
-                    interrupted[label] = job_id
             time.sleep(1)
         slurm_seconds = time.monotonic() - started
         local.wait(timeout=max(60, TIMEOUT_S - (time.monotonic() - started)))
@@ -217,8 +220,9 @@ def test_interrupted_training_jobs_were_resubmitted_and_resumed(sweeps):
         slurm_run = json.loads((sweeps["slurm"] / "runs" / label / "seed0" / "run.json").read_text())
         local_run = json.loads((sweeps["local"] / "runs" / label / "seed0" / "run.json").read_text())
         assert slurm_run["resumed_from"] and slurm_run["resumed_from"].startswith("checkpoint-"), label
+        assert int(slurm_run["resumed_from"].split("-")[1]) < STEPS, f"{label}: interrupted after its last step"
         assert local_run["resumed_from"] is None
-        assert slurm_run["budget"]["spent_steps"] == local_run["budget"]["spent_steps"] == 40
+        assert slurm_run["budget"]["spent_steps"] == local_run["budget"]["spent_steps"] == STEPS
 
 
 def test_slurm_sweep_equals_the_local_sweep(sweeps):
@@ -235,6 +239,6 @@ def test_slurm_sweep_equals_the_local_sweep(sweeps):
         run = Path("runs") / label / "seed0"
         local_metrics = _metrics(local / run / "metrics.jsonl")
         assert _metrics(slurm / run / "metrics.jsonl") == local_metrics, label
-        assert len(local_metrics) == 40 and len({m["loss"] for m in local_metrics}) > 1  # it did learn something
+        assert len(local_metrics) == STEPS and len({m["loss"] for m in local_metrics}) > 1  # it did learn something
         weights = [(root / run / "ckpt-100" / "model.safetensors").read_bytes() for root in (local, slurm)]
         assert weights[0] == weights[1], label
