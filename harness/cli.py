@@ -7,7 +7,9 @@ Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 from harness.config.paths import CONFIG_DIR, SweepPaths
@@ -22,6 +24,28 @@ def _sweep_args(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. train.learning_rate=1e-4 (repeatable)")
 
 
+def seconds_since_process_start() -> float | None:
+    """Wall seconds since this process started (Linux /proc, 10 ms resolution); None elsewhere."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def mark_startup(command: str) -> None:
+    """Print one ``startup:`` line to the job's log when a subcommand starts its real work, after the interpreter
+    start, the imports it needs and the configuration: CPU seconds of this process (all threads) and wall seconds
+    since the process started, plus torch's thread count when torch is loaded (bench/sweep_breakdown.py reads it)."""
+    torch = sys.modules.get("torch")
+    wall = seconds_since_process_start()
+    fields = {"command": command, "cpu_s": f"{time.process_time():.3f}",
+              "wall_s": "n/a" if wall is None else f"{wall:.2f}",
+              "torch_threads": torch.get_num_threads() if torch is not None else "n/a"}
+    print("startup: " + " ".join(f"{k}={v}" for k, v in fields.items()), file=sys.stderr, flush=True)
+
+
 def _resolve(args) -> tuple[Resolved, SweepPaths]:
     sweep_overrides = [o for o in args.overrides if not o.startswith("method.")]
     resolved = resolve(args.sweep, sweep_overrides)
@@ -32,6 +56,7 @@ def cmd_data(args) -> None:
     from harness.train.run import prepare_data
 
     resolved, paths = _resolve(args)
+    mark_startup("data")
     files = prepare_data(resolved, paths)
     print(f"data for sweep {resolved.sweep.name!r}: {files}")
 
@@ -40,17 +65,20 @@ def cmd_warmstart(args) -> None:
     from harness.train.run import warmstart
 
     resolved, paths = _resolve(args)
+    mark_startup("warmstart")
     summary = warmstart(resolved, paths)
     print(f"warm start written to {paths.warmstart_dir}: "
           f"{ {k: v for k, v in summary.items() if not isinstance(v, list)} }")
 
 
 def cmd_train(args) -> None:
+    import harness.train.adapter  # noqa: F401  (TRL: imported by run_training anyway; counted as start-up here)
     from harness.train.run import run_training
 
     resolved, paths = _resolve(args)
     method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
     spec = load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
+    mark_startup("train")
     record = run_training(resolved, spec, args.seed, paths)
     if record is not None:  # the main process of a distributed run
         print(f"trained {spec.label} seed {args.seed}: {record['budget']['spent_steps']} steps, "
@@ -62,6 +90,7 @@ def cmd_fetch(args) -> None:
 
     resolved, paths = _resolve(args)
     spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
+    mark_startup("fetch")
     record = fetch_checkpoint(resolved, spec, args.seed, paths)
     print(f"fetched {spec.checkpoint} as {spec.label} seed {args.seed}: {record['external']['files_sha256']}")
 
@@ -69,7 +98,7 @@ def cmd_fetch(args) -> None:
 def cmd_eval(args) -> None:
     import torch
 
-    from harness.evaluation.driver import evaluate_benchmark
+    from harness.evaluation.driver import evaluate_benchmark, import_eval_stack
 
     resolved, paths = _resolve(args)
     torch.set_num_threads(resolved.preset.eval.threads)
@@ -79,23 +108,35 @@ def cmd_eval(args) -> None:
     if unknown:
         raise ConfigError(f"--bench {unknown} not benchmarks of sweep {resolved.sweep.name!r}; "
                           f"allowed: {sorted(benchmarks)} or 'all'")
-    model_dir = Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, args.ckpt)
-    for name in names:  # one process for every benchmark of a checkpoint: the model and lm-eval load once
-        bench = benchmarks[name]
-        data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
-        if not data_file.is_absolute():
-            data_file = CONFIG_DIR.parent / data_file
-        out_dir = Path(args.out) / name if args.out else paths.eval_dir(args.label, args.seed, args.ckpt, name)
-        results = evaluate_benchmark(model_dir, name, bench, data_file, resolved.preset.eval,
-                                     resolved.preset.prompt_template, out_dir)
-        shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
-        print(f"{name} on {model_dir}: {shown}")
+    ckpts = list(dict.fromkeys(args.ckpt))
+    if args.model_dir and len(ckpts) > 1:
+        raise ConfigError(f"--model-dir evaluates one model; got {len(ckpts)} checkpoints {ckpts}")
+    import_eval_stack(resolved.preset.eval.backend)
+    mark_startup("eval")
+    # One process for every checkpoint of a run and every benchmark: the imports happen once; each
+    # (checkpoint, benchmark) is its own lm-eval run, seeded the same way as in a process of its own.
+    for ckpt in ckpts:
+        model_dir = Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, ckpt)
+        for name in names:
+            bench = benchmarks[name]
+            data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
+            if not data_file.is_absolute():
+                data_file = CONFIG_DIR.parent / data_file
+            if args.out:
+                out_dir = Path(args.out) / (ckpt if len(ckpts) > 1 else "") / name
+            else:
+                out_dir = paths.eval_dir(args.label, args.seed, ckpt, name)
+            results = evaluate_benchmark(model_dir, name, bench, data_file, resolved.preset.eval,
+                                         resolved.preset.prompt_template, out_dir)
+            shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
+            print(f"{name} on {model_dir}: {shown}", flush=True)
 
 
 def cmd_report(args) -> None:
     from harness.report.leaderboard import write_leaderboard
 
     resolved, paths = _resolve(args)
+    mark_startup("report")
     written = write_leaderboard(resolved, paths)
     print("wrote " + ", ".join(str(p) for p in written))
 
@@ -158,14 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, required=True)
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("eval", help="evaluate one checkpoint on one benchmark")
+    p = sub.add_parser("eval", help="evaluate checkpoints of a run on the sweep's benchmarks")
     _sweep_args(p)
     p.add_argument("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'")
     p.add_argument("--label", default="warmstart", help="method label of the run (or 'warmstart')")
     p.add_argument("--seed", default="0")
-    p.add_argument("--ckpt", default="ckpt-100")
-    p.add_argument("--model-dir", help="evaluate this model directory instead of a run's checkpoint")
-    p.add_argument("--out", help="output directory, one sub-directory per benchmark (default: the sweep's paths)")
+    p.add_argument("--ckpt", nargs="+", default=["ckpt-100"],
+                   help="checkpoint names of the run (ckpt-050 ckpt-100 ...), evaluated in this order in one process")
+    p.add_argument("--model-dir", help="evaluate this model directory instead of a run's checkpoint (one --ckpt)")
+    p.add_argument("--out", help="output directory, one sub-directory per benchmark, under one per checkpoint when "
+                                 "there are several (default: the sweep's paths)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("report", help="render the leaderboard from the sweep's eval results")

@@ -285,6 +285,18 @@ def _score_samples(samples: list[dict], scorer: str, timeout_s: float, tokenizer
                    gradable=score.gradable, timed_out=score.timed_out, response_tokens=length)
 
 
+def import_eval_stack(backend: str) -> None:
+    """Import what ``evaluate_benchmark`` needs (lm-eval, its task manager, transformers' tokenizers and, for the hf
+    backend, lm-eval's HFLM and its torch/transformers model code) ahead of the work, so a job's start-up is one
+    measurable block. vLLM is left to lm-eval, which imports it when the model is built."""
+    import lm_eval  # noqa: F401
+    from lm_eval.tasks import TaskManager  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    if backend == "hf":
+        from lm_eval.models.huggingface import HFLM  # noqa: F401
+
+
 def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig, data_file: Path,
                        eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu") -> dict:
     """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json."""
