@@ -1,4 +1,4 @@
-"""The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed, ckpt: every benchmark) -> report.
+"""The sweep DAG: data -> warmstart -> train(method, seed) -> eval(method, seed[, ckpt]: every benchmark) -> report.
 
 A bare `snakemake --cores 2` runs configs/sweeps/default.yaml.
 Another sweep: `--configfile configs/sweeps/<name>.yaml`.
@@ -51,7 +51,8 @@ def digest(obj) -> str:
 
 PRESET_DICT = RESOLVED.to_dict()["preset"]
 TRAIN_DIGEST = digest({k: v for k, v in PRESET_DICT.items() if k not in ("eval", "resources")})
-EVAL_DIGEST = digest(PRESET_DICT["eval"])
+# eval.job_scope groups jobs and changes no result: left out, so a sweep that sets it keeps its digest
+EVAL_DIGEST = digest({k: v for k, v in PRESET_DICT["eval"].items() if k != "job_scope"})
 
 
 def method_digest(wildcards) -> str:
@@ -175,24 +176,73 @@ def eval_input(wildcards):
     return str(PATHS.run_file(wildcards.method, wildcards.seed))
 
 
-rule eval:
-    input:
-        eval_input,
-    output:
-        [str(path) for bench in BENCHES for path in (PATHS.results_file(METHOD, SEED, CKPT, bench),
-                                                     PATHS.samples_file(METHOD, SEED, CKPT, bench))],
-    log:
-        str(PATHS.log_file("eval", METHOD, SEED, CKPT)),
-    benchmark:
-        str(PATHS.benchmark_file("eval", METHOD, SEED, CKPT))
-    params:
-        cfg=EVAL_DIGEST,
-    threads: PRESET.eval.threads
-    resources:
-        **RES["eval"],
-    shell:
-        HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
-        " --bench all > {log} 2>&1"
+def eval_outputs(method: str, seed: str, ckpts: list[str]) -> list[str]:
+    return [str(path) for ckpt in ckpts for bench in BENCHES for path in
+            (PATHS.results_file(method, seed, ckpt, bench), PATHS.samples_file(method, seed, ckpt, bench))]
+
+
+if PRESET.eval.job_scope == "checkpoint":
+
+    rule eval:
+        # one job per checkpoint (the warm start's among them): on a cluster the checkpoints run in parallel
+        input:
+            eval_input,
+        output:
+            eval_outputs(METHOD, SEED, [CKPT]),
+        log:
+            str(PATHS.log_file("eval", METHOD, SEED, CKPT)),
+        benchmark:
+            str(PATHS.benchmark_file("eval", METHOD, SEED, CKPT))
+        params:
+            cfg=EVAL_DIGEST,
+        threads: PRESET.eval.threads
+        resources:
+            **RES["eval"],
+        shell:
+            HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
+            " --bench all > {log} 2>&1"
+
+else:
+
+    rule eval:
+        # eval.job_scope=run: one job per run, all its checkpoints and benchmarks in one process (the imports are
+        # paid once); a new label or seed still adds only its own jobs, and each checkpoint keeps its own files
+        input:
+            RUN_FILE,
+        output:
+            eval_outputs(METHOD, SEED, CKPTS),
+        log:
+            str(PATHS.log_file("eval", METHOD, SEED)),
+        benchmark:
+            str(PATHS.benchmark_file("eval", METHOD, SEED))
+        params:
+            cfg=EVAL_DIGEST,
+        wildcard_constraints:
+            method=rf"(?!{WARMSTART_LABEL}(?![A-Za-z0-9_\-]))[A-Za-z0-9_\-]+",
+        threads: PRESET.eval.threads
+        resources:
+            **RES["eval"],
+        shell:
+            HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt "
+            + " ".join(CKPTS) + " --bench all > {log} 2>&1"
+
+    rule eval_warmstart:
+        # the reference row: the warm start, evaluated like every checkpoint
+        input:
+            rules.warmstart.output,
+        output:
+            eval_outputs(WARMSTART_LABEL, "0", ["ckpt-000"]),
+        log:
+            str(PATHS.log_file("eval", WARMSTART_LABEL, 0, "ckpt-000")),
+        benchmark:
+            str(PATHS.benchmark_file("eval", WARMSTART_LABEL, 0, "ckpt-000"))
+        params:
+            cfg=EVAL_DIGEST,
+        threads: PRESET.eval.threads
+        resources:
+            **RES["eval_warmstart"],
+        shell:
+            HARNESS.format(cmd="eval") + f" --label {WARMSTART_LABEL} --seed 0 --ckpt ckpt-000 --bench all > {{log}} 2>&1"
 
 
 rule report:

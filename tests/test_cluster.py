@@ -262,9 +262,22 @@ def test_partition_and_account_come_from_the_config(tmp_path):
 
 def test_default_sweep_dry_run_is_unchanged_by_the_profile(tmp_path):
     output = dry_run(SWEEPS / "default.yaml", tmp_path)
-    assert job_stats(output) == {"data": 1, "warmstart": 1, "train": 16, "eval": 33, "report": 1, "all": 1}
-    train = [j for j in job_blocks(output) if j["rule"] == "train"]
+    # eval.job_scope=run (tiny preset): one eval job per run with all its checkpoints, the warm start's on its own
+    expected = {"data": 1, "warmstart": 1, "train": 16, "eval": 16, "eval_warmstart": 1, "report": 1, "all": 1}
+    assert job_stats(output) == expected == job_counts(resolve(SWEEPS / "default.yaml"))
+    jobs = job_blocks(output)
+    train = [j for j in jobs if j["rule"] == "train"]
     assert all(j["shell"].startswith("harness train --sweep ") and j["resources"]["gpu"] == "0" for j in train)
+    evals = [j for j in jobs if j["rule"] == "eval"]
+    assert all(" --ckpt ckpt-050 ckpt-100 --bench all " in j["shell"] for j in evals)
+    warm = next(j for j in jobs if j["rule"] == "eval_warmstart")
+    assert " --label warmstart --seed 0 --ckpt ckpt-000 --bench all " in warm["shell"]
+
+
+def test_default_sweep_with_one_eval_job_per_checkpoint(tmp_path):
+    output = dry_run(SWEEPS / "default.yaml", tmp_path, "set=eval.job_scope=checkpoint")
+    expected = {"data": 1, "warmstart": 1, "train": 16, "eval": 33, "report": 1, "all": 1}
+    assert job_stats(output) == expected == job_counts(resolve(SWEEPS / "default.yaml", ["eval.job_scope=checkpoint"]))
 
 
 def test_profile_sets_executor_options_only():

@@ -241,10 +241,13 @@ class EvalConfig:
     seed: int = 1234
     scoring_timeout_s: float = 5.0
     threads: int = 1  # torch CPU threads per eval job
+    # one eval job per checkpoint (GPU clusters: checkpoints in parallel) or per run (all its checkpoints in one
+    # process: the start-up is paid once, for CPU machines where jobs only share cores); results are the same
+    job_scope: str = "checkpoint"
     benchmarks: dict[str, BenchmarkConfig] = field(default_factory=dict)
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
-    CHOICES = {"backend": ("hf", "vllm")}
+    CHOICES = {"backend": ("hf", "vllm"), "job_scope": ("checkpoint", "run")}
     RANGES = {"k": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0), "max_gen_toks": (1, None),
               "batch_size": (1, None), "scoring_timeout_s": (0.01, None), "threads": (1, None)}
 

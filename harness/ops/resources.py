@@ -28,7 +28,10 @@ from harness.config.schema import JobResources, PresetConfig, Resolved, load_met
 ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
 VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
 RULE_RESOURCES = {"data": "data", "warmstart": "warmstart", "fetch": "warmstart", "train": "train", "eval": "eval",
-                  "report": "report"}  # rule -> section of ``resources`` it takes
+                  "eval_warmstart": "eval", "report": "report"}  # rule -> section of ``resources`` it takes
+# (eval_warmstart: the warm start's evaluation when eval.job_scope=run; with job_scope=checkpoint the eval rule
+# evaluates it like any checkpoint. A run-scope eval job evaluates all checkpoints of a run: resources.eval is per
+# job, so its runtime and estimate_minutes must cover them all.)
 
 
 def snakemake_resources(job: JobResources) -> dict[str, int | str]:
@@ -100,9 +103,12 @@ def job_counts(resolved: Resolved) -> dict[str, int]:
     trained = [label for label in sweep.methods if label not in released]
     n_ckpts = len(resolved.preset.train.budget.checkpoint_fractions)
     counts = {"data": 1, "warmstart": 1, "train": len(trained) * len(sweep.seeds),
-              "fetch": len(released) * len(sweep.seeds),
-              "eval": len(sweep.methods) * len(sweep.seeds) * n_ckpts + 1,  # + the warm start (reference row)
-              "report": 1, "all": 1}
+              "fetch": len(released) * len(sweep.seeds)}
+    if resolved.preset.eval.job_scope == "run":  # one job per run, the warm start (reference row) in its own rule
+        counts.update(eval=len(sweep.methods) * len(sweep.seeds), eval_warmstart=1)
+    else:  # one job per checkpoint, the warm start's among them
+        counts["eval"] = len(sweep.methods) * len(sweep.seeds) * n_ckpts + 1
+    counts.update(report=1, all=1)
     return {rule: n for rule, n in counts.items() if n}
 
 

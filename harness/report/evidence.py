@@ -96,7 +96,9 @@ def find_failures(resolved: Resolved, paths: SweepPaths, ckpts: list[str], bench
                 continue
             for ckpt in ckpts:
                 if not all(paths.results_file(label, seed, ckpt, b).is_file() for b in benches):
-                    failures.append(_failure(paths, label, seed, f"eval {ckpt}", paths.eval_log(label, seed, ckpt)))
+                    log = paths.log_file("eval", label, seed,  # one eval log per run with eval.job_scope=run
+                                         ckpt if resolved.preset.eval.job_scope == "checkpoint" else None)
+                    failures.append(_failure(paths, label, seed, f"eval {ckpt}", log))
     return failures
 
 
