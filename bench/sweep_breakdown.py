@@ -5,11 +5,17 @@ train/<label>_seed<N>.tsv, eval/<label>_seed<N>_<ckpt>[_<bench>].tsv, with the c
 max_rss, max_vms, max_uss, max_pss (MB), io_in, io_out, mean_load, cpu_time. The rule is the sub-folder (or the file
 name at the top level). The sweep's own wall time is Snakemake's "Elapsed time" line in its log.
 
-Output: per rule jobs, total / mean / max seconds, CPU seconds, max RSS; per method label for train and eval; the
-sum of job seconds against the elapsed time (how well the 2 cores were kept busy).
+Start-up: every ``harness`` subcommand prints one ``startup:`` line to its job log when its real work starts
+(harness/cli.py ``mark_startup``): CPU seconds of the process so far (interpreter start, imports, configuration)
+and wall seconds since the process started. The job log is ``logs/<same relative name>.log`` next to the
+benchmarks folder (logs/train/uniform_seed0.log for benchmarks/train/uniform_seed0.tsv); data and report have
+logs but no benchmark file, so they count for start-up only. Sweeps from before the startup line show blanks.
+
+Output: per rule jobs, total / mean / max seconds, CPU seconds, start-up CPU and wall seconds, max RSS; per method
+label for train and eval; the sum of job seconds against the elapsed time (how well the 2 cores were kept busy).
 
 Usage:  python bench/sweep_breakdown.py [--benchmarks /work/ci-clone/results/default/benchmarks]
-                                          [--log /tmp/sweep3.log]
+                                          [--log /tmp/sweep3.log] [--logs <benchmarks>/../logs]
 """
 
 from __future__ import annotations
@@ -34,19 +40,56 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def read_benchmarks(folder: Path) -> list[dict]:
-    jobs = []
+STARTUP_LINE = re.compile(r"^startup: command=(\S+) cpu_s=(\S+) wall_s=(\S+) torch_threads=(\S+)", flags=re.M)
+
+
+def read_startup(log: Path) -> dict:
+    """The first ``startup:`` line of a job log (a distributed train job has one per process); {} without one."""
+    if not log.is_file():
+        return {}
+    match = STARTUP_LINE.search(log.read_text(errors="replace"))
+    if not match:
+        return {}
+    threads = match.group(4)
+    return {"startup_cpu_s": _float(match.group(2)), "startup_wall_s": _float(match.group(3)),
+            "torch_threads": int(threads) if threads.isdigit() else None}
+
+
+def _rule_of(rel: Path) -> str:
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def read_benchmarks(folder: Path, logs: Path | None = None) -> list[dict]:
+    """One job per benchmark row, with the start-up of its log; then the logs without a benchmark file."""
+    jobs, seen_logs = [], set()
     for path in sorted(folder.rglob("*.tsv")):
         rel = path.relative_to(folder)
-        rule = rel.parts[0] if len(rel.parts) > 1 else path.stem
+        rule = _rule_of(rel)
+        log = logs / rel.with_suffix(".log") if logs else None
+        startup = read_startup(log) if log else {}
+        if log:
+            seen_logs.add(log)
         with open(path, newline="") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t"))
         for i, row in enumerate(rows):  # one row per repeat of the benchmark directive (1 by default)
             jobs.append({"rule": rule, "file": str(rel), "repeat": i, "label": _label(rule, path.stem),
                          "s": _float(row.get("s")), "cpu_time": _float(row.get("cpu_time")),
                          "max_rss_mb": _float(row.get("max_rss")), "max_uss_mb": _float(row.get("max_uss")),
-                         "mean_load": _float(row.get("mean_load"))})
+                         "mean_load": _float(row.get("mean_load")), **_no_startup(), **startup})
+    if logs and logs.is_dir():
+        for log in sorted(logs.rglob("*.log")):
+            rel = log.relative_to(logs)
+            startup = read_startup(log)
+            if log in seen_logs or not startup:
+                continue
+            rule = _rule_of(rel)
+            jobs.append({"rule": rule, "file": str(rel), "repeat": 0, "label": _label(rule, log.stem), "s": None,
+                         "cpu_time": None, "max_rss_mb": None, "max_uss_mb": None, "mean_load": None, **startup})
     return jobs
+
+
+def _no_startup() -> dict:
+    return {"startup_cpu_s": None, "startup_wall_s": None, "torch_threads": None}
 
 
 def _label(rule: str, stem: str) -> str | None:
@@ -77,13 +120,20 @@ def read_log(path: Path) -> dict:
 def group(jobs: list[dict], key: str) -> dict[str, dict]:
     out = {}
     for name in sorted({j[key] for j in jobs if j[key] is not None}):
-        sel = [j for j in jobs if j[key] == name and j["s"] is not None]
+        every = [j for j in jobs if j[key] == name]
+        sel = [j for j in every if j["s"] is not None]
         secs = [j["s"] for j in sel]
         cpu = [j["cpu_time"] for j in sel if j["cpu_time"] is not None]
         rss = [j["max_rss_mb"] for j in sel if j["max_rss_mb"] is not None]
-        out[name] = {"jobs": len(sel), "total_s": sum(secs), "mean_s": statistics.mean(secs) if secs else None,
+        start_cpu = [j["startup_cpu_s"] for j in every if j.get("startup_cpu_s") is not None]
+        start_wall = [j["startup_wall_s"] for j in every if j.get("startup_wall_s") is not None]
+        threads = sorted({j["torch_threads"] for j in every if j.get("torch_threads") is not None})
+        out[name] = {"jobs": max(len(sel), len(every) if not sel else 0),
+                     "total_s": sum(secs), "mean_s": statistics.mean(secs) if secs else None,
                      "max_s": max(secs) if secs else None, "cpu_s": sum(cpu) if cpu else None,
-                     "max_rss_mb": max(rss) if rss else None}
+                     "max_rss_mb": max(rss) if rss else None,
+                     "startup_jobs": len(start_cpu), "startup_cpu_s": sum(start_cpu) if start_cpu else None,
+                     "startup_wall_s": sum(start_wall) if start_wall else None, "torch_threads": threads}
     return out
 
 
@@ -91,16 +141,23 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmarks", type=Path, default=DEFAULT_BENCHMARKS)
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
+    parser.add_argument("--logs", type=Path, help="the sweep's job logs (default: logs/ next to --benchmarks)")
     parser.add_argument("--name", default="sweep_breakdown")
     args = parser.parse_args(argv)
-    jobs = read_benchmarks(args.benchmarks)
+    logs = args.logs or args.benchmarks.parent / "logs"
+    jobs = read_benchmarks(args.benchmarks, logs)
     log = read_log(args.log)
     rules = group(jobs, "rule")
     by_label = {rule: group([j for j in jobs if j["rule"] == rule], "label") for rule in ("train", "eval")}
     job_seconds = sum(j["s"] for j in jobs if j["s"] is not None)
-    record = {"benchmark": "sweep_breakdown", "settings": {"benchmarks": str(args.benchmarks), "log": str(args.log)},
+    startup_cpu = [j["startup_cpu_s"] for j in jobs if j.get("startup_cpu_s") is not None]
+    startup_wall = [j["startup_wall_s"] for j in jobs if j.get("startup_wall_s") is not None]
+    record = {"benchmark": "sweep_breakdown",
+              "settings": {"benchmarks": str(args.benchmarks), "log": str(args.log), "logs": str(logs)},
               "environment": environment(), "log": log, "rules": rules, "by_label": by_label,
-              "job_seconds_total": job_seconds,
+              "job_seconds_total": job_seconds, "startup_jobs": len(startup_cpu),
+              "startup_cpu_s_total": sum(startup_cpu) if startup_cpu else None,
+              "startup_wall_s_total": sum(startup_wall) if startup_wall else None,
               "parallelism": job_seconds / log["elapsed_s"] if log.get("elapsed_s") else None, "jobs": jobs}
     write_result(args.name, record)
     update_summary(args.name, summary_markdown(record))
@@ -124,18 +181,27 @@ def summary_markdown(record: dict) -> str:
              f"Sum of job seconds {record['job_seconds_total']:.0f} s"
              + (f" = {record['parallelism']:.2f} x the elapsed time (2 cores)." if record["parallelism"] else "."),
              ""]
+    if record.get("startup_jobs"):
+        lines += [f"Start-up (process start to the job's first real work: interpreter, imports, configuration; the "
+                  f"`startup:` line of each job log): {record['startup_jobs']} jobs, "
+                  f"{record['startup_cpu_s_total']:.0f} CPU s, {record['startup_wall_s_total']:.0f} wall s"
+                  + (f" = {100 * record['startup_wall_s_total'] / record['job_seconds_total']:.0f}% of the job "
+                     "seconds." if record["job_seconds_total"] else "."), ""]
     rows = [[rule, r["jobs"], _fmt(r["total_s"], 0), _fmt(r["mean_s"]), _fmt(r["max_s"]), _fmt(r["cpu_s"], 0),
-             _fmt(r["max_rss_mb"], 0),
+             _fmt(r["startup_cpu_s"], 0), _fmt(r["startup_wall_s"], 0),
+             ",".join(str(t) for t in r["torch_threads"]), _fmt(r["max_rss_mb"], 0),
              f"{100 * r['total_s'] / record['job_seconds_total']:.0f}%" if record["job_seconds_total"] else ""]
             for rule, r in record["rules"].items()]
-    lines.append(table(["rule", "jobs", "total s", "mean s", "max s", "CPU s", "max RSS MB", "share"], rows))
+    lines.append(table(["rule", "jobs", "total s", "mean s", "max s", "CPU s", "start-up CPU s", "start-up wall s",
+                        "torch threads", "max RSS MB", "share"], rows))
     for rule in ("train", "eval"):
         labels = record["by_label"].get(rule) or {}
         if labels:
             lines += ["", f"`{rule}` by method label:", ""]
-            lines.append(table(["label", "jobs", "total s", "mean s", "max s", "max RSS MB"],
+            lines.append(table(["label", "jobs", "total s", "mean s", "max s", "start-up wall s", "max RSS MB"],
                                [[k, v["jobs"], _fmt(v["total_s"], 0), _fmt(v["mean_s"]), _fmt(v["max_s"]),
-                                 _fmt(v["max_rss_mb"], 0)] for k, v in labels.items()]))
+                                 _fmt(v["startup_wall_s"], 0), _fmt(v["max_rss_mb"], 0)]
+                                for k, v in labels.items()]))
     return "\n".join(lines)
 
 

@@ -53,7 +53,7 @@ def _resolve(args) -> tuple[Resolved, SweepPaths]:
 
 
 def cmd_data(args) -> None:
-    from harness.train.run import prepare_data
+    from harness.data.prepare import prepare_data  # pure Python: no torch or transformers in this job
 
     resolved, paths = _resolve(args)
     mark_startup("data")

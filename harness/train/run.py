@@ -13,42 +13,11 @@ import torch
 from harness.config.paths import SweepPaths, checkpoint_name
 from harness.config.provenance import provenance
 from harness.config.schema import MethodSpec, Resolved, dump_yaml
-from harness.data.files import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic, write_sha256sums
+from harness.data.files import read_jsonl, verify_checksum, write_json_atomic
+from harness.data.prepare import prepare_data, resolve_repo_path  # noqa: F401  (moved there; imported from here too)
 from harness.data.prompts import render_prompt
-from harness.data.synthetic import generate_split
 from harness.model.policy import convert_gguf, load_policy, warmstart_char_llama
 from harness.train.budget import peak_memory_bytes
-
-
-def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
-    """Write the sweep's data folder with its SHA256SUMS: ``train.jsonl`` (synthetic problems, rows of a shipped
-    JSONL after its checksum is verified, or both shuffled together for ``mixed``) and, with synthetic data,
-    the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
-    data = resolved.preset.data
-    out = paths.data_dir
-    out.mkdir(parents=True, exist_ok=True)
-    train_rows, written = [], {}
-    if data.kind in ("synthetic", "mixed"):
-        train_rows += generate_split(data.synthetic, "train")
-        for split in ("eval", "ood"):
-            written[split] = write_jsonl_atomic(out / f"{split}.jsonl", generate_split(data.synthetic, split))
-    if data.kind in ("jsonl", "mixed"):
-        source = resolve_repo_path(data.train_file)
-        verify_checksum(source)
-        rows = read_jsonl(source)
-        train_rows += rows[:data.max_train_rows] if data.max_train_rows else rows
-    if data.kind == "mixed":
-        random.Random(data.synthetic.seed).shuffle(train_rows)
-    written["train"] = write_jsonl_atomic(out / "train.jsonl", train_rows)
-    write_sha256sums(out, written.values())
-    return {split: str(path) for split, path in written.items()}
-
-
-def resolve_repo_path(path: str) -> Path:
-    from harness.config.paths import REPO_ROOT
-
-    candidate = Path(path)
-    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
 
 
 def warmstart(resolved: Resolved, paths: SweepPaths) -> dict:

@@ -1,0 +1,46 @@
+"""The sweep's data folder: synthetic splits and/or a shipped training JSONL, with SHA256SUMS.
+
+Pure Python (no torch, no transformers), so ``harness data``, the first job of every sweep, starts in a fraction of
+a second; ``harness.train.run`` re-exports both functions.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from harness.config.paths import SweepPaths
+from harness.config.schema import Resolved
+from harness.data.files import read_jsonl, verify_checksum, write_jsonl_atomic, write_sha256sums
+from harness.data.synthetic import generate_split
+
+
+def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
+    """Write the sweep's data folder with its SHA256SUMS: ``train.jsonl`` (synthetic problems, rows of a shipped
+    JSONL after its checksum is verified, or both shuffled together for ``mixed``) and, with synthetic data,
+    the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
+    data = resolved.preset.data
+    out = paths.data_dir
+    out.mkdir(parents=True, exist_ok=True)
+    train_rows, written = [], {}
+    if data.kind in ("synthetic", "mixed"):
+        train_rows += generate_split(data.synthetic, "train")
+        for split in ("eval", "ood"):
+            written[split] = write_jsonl_atomic(out / f"{split}.jsonl", generate_split(data.synthetic, split))
+    if data.kind in ("jsonl", "mixed"):
+        source = resolve_repo_path(data.train_file)
+        verify_checksum(source)
+        rows = read_jsonl(source)
+        train_rows += rows[:data.max_train_rows] if data.max_train_rows else rows
+    if data.kind == "mixed":
+        random.Random(data.synthetic.seed).shuffle(train_rows)
+    written["train"] = write_jsonl_atomic(out / "train.jsonl", train_rows)
+    write_sha256sums(out, written.values())
+    return {split: str(path) for split, path in written.items()}
+
+
+def resolve_repo_path(path: str) -> Path:
+    from harness.config.paths import REPO_ROOT
+
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
