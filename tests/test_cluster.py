@@ -63,8 +63,9 @@ def test_gpu_job_resources_map_to_plugin_keys():
 
 def test_every_rule_has_resources_and_fetch_takes_warmstarts():
     res = rule_resources(_preset("paper-8020", "resources.warmstart.partition=cpu"))
-    assert set(res) == {"data", "warmstart", "fetch", "train", "eval", "report"}
+    assert set(res) == {"data", "warmstart", "fetch", "train", "eval", "eval_warmstart", "report"}
     assert res["fetch"] == res["warmstart"] and res["fetch"]["slurm_partition"] == "cpu"
+    assert res["eval_warmstart"] == res["eval"]  # the warm start's eval job under eval.job_scope=run
     assert (res["train"]["gpu"], res["eval"]["gpu"], res["data"]["gpu"], res["report"]["gpu"]) == (8, 1, 0, 0)
 
 
