@@ -68,7 +68,9 @@ SWEEP = {
     "warmstart": {"steps": 150, "batch_size": 16},
     "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32, "save_every_steps": 1,
               "budget": {"kind": "steps", "amount": STEPS, "checkpoint_fractions": [1.0]}},
-    "eval": {"k": 2, "max_gen_toks": 32},
+    # one eval job per checkpoint, as on a GPU cluster (the tiny preset's own job_scope=run has one per run and the
+    # warm start's in rule eval_warmstart); the job list below counts on it
+    "eval": {"k": 2, "max_gen_toks": 32, "job_scope": "checkpoint"},
 }
 # values that measure time or memory, not the computation
 VOLATILE = re.compile(r"seconds|time|memory|step_time|_s$")
