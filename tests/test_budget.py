@@ -80,6 +80,22 @@ def test_steps_budget_is_exact(tiny_sweep):
     assert record["budget"]["spent_steps"] == 3 and record["budget"]["checkpoints"] == {"ckpt-100": 3}
 
 
+def test_mini_batches_stop_and_save_at_the_end_of_a_generation_batch(tiny_sweep):
+    # 2 mini-batches x 2 epochs = 4 optimizer steps per generation batch: a 5-step budget runs 2 batches (8 steps)
+    record, paths = train(tiny_sweep, "entropy", "train.budget.amount=5", "train.budget.checkpoint_fractions=[0.5,1.0]",
+                          "train.mini_batches=2", "train.ppo_epochs=2")
+    assert record["budget"]["spent_steps"] == 8
+    assert record["budget"]["checkpoints"] == {"ckpt-050": 4, "ckpt-100": 8}  # 2.5 steps -> the end of batch 1
+    lines = [json.loads(x) for x in (paths.run_dir("entropy", 0) / "metrics.jsonl").open()]
+    assert [m["step"] for m in lines] == list(range(1, 9))
+    # the old-policy forward: once per generation batch, one no-grad forward (x1) over the rows that the epoch's
+    # mini-batches then train on (x3); the mini-batches are trimmed to their own longest rows, so at most as wide
+    old = [m["flops/old_logp_total"] for m in lines]
+    assert old[0] > 0 and old[0] == old[3] and old[4] > old[3]
+    assert old[0] >= lines[1]["flops/train_total"] / 3 * (1 - 1e-9)
+    assert "rollouts/kept_frac" in lines[0] and "rollouts/kept_frac" not in lines[1]  # hooks once per batch
+
+
 def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tiny_sweep, monkeypatch):
     from harness.train import callbacks as trainer_module
 

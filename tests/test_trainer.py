@@ -258,3 +258,14 @@ def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path
                                     torch.device("cpu"))
     with pytest.raises(ValueError, match="outside its loss_positions"):
         trainer._compute_loss(model, inputs)
+
+
+def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
+    from harness.train.loss import LossConfig
+
+    trainer, _ = make_trainer(tiny_model_dir, tmp_path, beta=0.1, clip_ratio_c=3.0, kl_estimator="low_var_kl",
+                              clip_eps_low=0.1, clip_eps_high=0.3)
+    assert trainer._loss_config(trainer.step_context()) == LossConfig(
+        clip_eps_low=0.1, clip_eps_high=0.3, clip_ratio_c=3.0, beta=0.1, kl_estimator="low_var_kl")
+    trainer, _ = make_trainer(tiny_model_dir, tmp_path)
+    assert trainer._loss_config(trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults

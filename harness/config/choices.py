@@ -7,6 +7,7 @@ implemented in its module, and ``tests/test_config.py`` fails until both agree.
 - ``BUDGET_KINDS``: what ``train.budget.kind`` counts; each is spent in ``harness/train/budget.py``.
 - ``PROMPT_TEMPLATES``: ``prompt_template``; each is rendered by ``harness/data/prompts.py``.
 - ``SCORERS``: ``train.reward`` and ``eval.benchmarks.<name>.scorer``; each is ``harness/data/scoring.py``.
+- ``KL_ESTIMATORS``: ``train.kl_estimator``; each is a function of ``harness/train/loss.py`` (``KL_ESTIMATORS``).
 
 The loss aggregations (``train.aggregation``) and the token statistics a method may read belong to the method
 interface, ``methods/base.py`` (``AGGREGATIONS``, ``STATISTICS``): ``methods/`` never imports ``harness``.
@@ -15,3 +16,4 @@ interface, ``methods/base.py`` (``AGGREGATIONS``, ``STATISTICS``): ``methods/`` 
 BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples", "steps")
 PROMPT_TEMPLATES = ("tiny", "qwen_boxed", "plain_8020", "chat")
 SCORERS = ("numeric", "math_verify")
+KL_ESTIMATORS = ("k1", "k3", "low_var_kl")

@@ -29,9 +29,14 @@ def training_processes(preset) -> int:
 
 
 def per_device_rollouts(train, processes: int) -> int:
-    """Rollouts per process and step: the step's ``prompts_per_step x num_generations`` split over ``processes``
-    (the ``accelerate launch`` world size, 1 without it), whole prompt groups on each process."""
+    """Rollouts per process and generation batch: the batch's ``prompts_per_step x num_generations`` split over
+    ``processes`` (the ``accelerate launch`` world size, 1 without it), whole prompt groups on each process and in
+    each of its ``train.mini_batches``."""
     if train.prompts_per_step % processes:
         raise ValueError(f"train.prompts_per_step={train.prompts_per_step} must be a multiple of the {processes} "
                          "training processes (each process holds whole prompt groups)")
-    return train.prompts_per_step // processes * train.num_generations
+    groups = train.prompts_per_step // processes
+    if groups % train.mini_batches:
+        raise ValueError(f"train.mini_batches={train.mini_batches} must divide the {groups} prompt groups of each of "
+                         f"the {processes} training processes (each mini-batch holds whole prompt groups)")
+    return groups * train.num_generations

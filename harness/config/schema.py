@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config.choices import BUDGET_KINDS, PROMPT_TEMPLATES, SCORERS
+from harness.config.choices import BUDGET_KINDS, KL_ESTIMATORS, PROMPT_TEMPLATES, SCORERS
 from harness.config.launch import per_device_rollouts, training_processes, vllm_server_gpus
 from harness.config.paths import CONFIG_DIR, REPO_ROOT
 from methods.base import AGGREGATIONS
@@ -149,7 +149,21 @@ class TrainConfig:
     top_p: float = 1.0
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28  # DAPO clip-higher
-    beta: float = 0.0  # KL coefficient (k3 estimator); 0 = no reference model
+    beta: float = 0.0  # KL coefficient; 0 = no reference model
+    # per-token KL(pi_theta || pi_ref) estimator of the beta term (harness/train/loss.py): k3 = exp(d) - d - 1 with
+    # d = ref - logp (GRPO's); k1 = logp - ref; low_var_kl = k3 clamped to [-10, 10] (verl's)
+    kl_estimator: str = "k3"
+    # dual-clip bound c (Ye et al. 2020, arXiv 1912.09729): for A < 0 the per-token loss is at most -A c, so a token
+    # whose ratio ran far above 1 stops pushing; must be > 1; null = off (DAPO and GRPO use none)
+    clip_ratio_c: float | None = None
+    # optimizer steps per generation batch: the batch is split into this many mini-batches of whole prompt groups
+    # (in generation order); must divide the prompt groups of each process (prompts_per_step / processes).
+    # 1 = one step per batch, the ratio is 1 and no old-policy forward is needed
+    mini_batches: int = 1
+    # passes over the mini-batches of one generation batch (PPO epochs; TRL's num_iterations). With
+    # mini_batches x ppo_epochs > 1 one no-grad forward over the reduced batch gives the rollout policy's log-probs
+    # (budget phase old_logp) and the budget is checked only at the end of a generation batch
+    ppo_epochs: int = 1
     aggregation: str = "token-mean"  # DAPO; seq-mean-token-mean = GRPO; seq-mean-token-sum-norm = Dr.GRPO
     scale_rewards: str = "group"  # group = GRPO std normalisation; none = Dr.GRPO
     max_grad_norm: float = 1.0
@@ -182,8 +196,9 @@ class TrainConfig:
     CHOICES = {"aggregation": AGGREGATIONS,
                "scale_rewards": ("group", "none"), "reward": SCORERS,
                "launcher": ("python", "accelerate"), "distributed": ("ddp", "deepspeed_zero3", "fsdp"),
-               "vllm_mode": ("colocate", "server")}
+               "vllm_mode": ("colocate", "server"), "kl_estimator": KL_ESTIMATORS}
     RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
+              "mini_batches": (1, None), "ppo_epochs": (1, None),
               "max_completion_length": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0),
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
@@ -467,7 +482,8 @@ def resolve(sweep: str | Path | dict, overrides: list[str] | None = None) -> Res
 
 
 def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
-    """Checks across sections: the launch settings against the GPUs the jobs get, and eval-only labels."""
+    """Checks across keys and sections: the launch settings against the GPUs the jobs get, the mini-batches against
+    the prompt groups of each process, and eval-only labels."""
     train, res = preset.train, preset.resources
     server, processes = vllm_server_gpus(train), training_processes(preset)
     problems = []
@@ -489,6 +505,13 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
             per_device_rollouts(train, processes)
         except ValueError as exc:  # prompts_per_step is not a multiple of the processes
             problems.append(str(exc))
+    if train.clip_ratio_c is not None and not train.clip_ratio_c > 1:
+        problems.append(f"train.clip_ratio_c={train.clip_ratio_c} must be > 1 (or null = no dual-clip)")
+    updates = train.mini_batches * train.ppo_epochs
+    if train.save_every_steps % updates:
+        problems.append(f"train.save_every_steps={train.save_every_steps} must be a multiple of train.mini_batches x "
+                        f"train.ppo_epochs = {updates}: a trainer checkpoint inside a generation batch would resume "
+                        "with other rollouts")
     vllm = preset.eval.vllm
     if preset.eval.backend == "vllm" and vllm.device == "cpu":
         if res.eval.gpus:

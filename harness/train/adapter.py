@@ -12,10 +12,13 @@ overrides two steps:
   (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens, or with the
   method's KL weights: ``hooks.kl_weights_of``) of ``harness.train.loss``, the pure module that holds the arithmetic.
 
-TRL is configured so that it computes no old-policy or reference log-probs itself (one optimizer step per
-generation batch, TRL's own beta = 0): with a single pass over each batch pi_old = pi_theta, and the reference
-forward (beta > 0) runs here on the reduced batch. The TRL internals this relies on (version pin, signatures of
-the overridden methods) are pinned by the contract tests at the top of tests/test_trainer.py.
+TRL computes no old-policy or reference log-probs itself (TRL's own beta = 0; its old-policy forward is switched
+off while it generates). With one optimizer step per generation batch (the default) pi_old = pi_theta and the
+ratio is 1. With ``train.mini_batches`` x ``train.ppo_epochs`` > 1 steps per generation batch, ``_prepare_inputs``
+splits the reduced batch into mini-batches of whole prompt groups and one no-grad forward over the reduced batch
+gives pi_old before the first update. The reference forward (beta > 0) runs here on the reduced batch. The TRL
+internals this relies on (version pin, signatures of the overridden methods, no forward of TRL's own) are pinned
+by the contract tests in tests/test_trainer.py.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
 from harness.train.hooks import PreparedBatch, kl_weights_of, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
-from harness.train.row_chunks import RowChunk, row_chunks, statistics_by_row_chunks
+from harness.train.row_chunks import RowChunk, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats, group_advantages
 
@@ -87,6 +90,8 @@ def vllm_settings(train, env=None) -> dict:
 def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     """TRL settings derived from the preset. TRL's loss switches are inert: ``_compute_loss`` is ours. The budget
     stops the run (``BudgetCallback``); ``max_steps`` is the budget for a steps budget, else a safety cap.
+    ``train.mini_batches`` and ``ppo_epochs`` are TRL's ``steps_per_generation`` and ``num_iterations``; how the
+    generation batch is split and where the old log-probs come from is ``TargetedGRPOTrainer._prepare_inputs``.
 
     vLLM (``train.use_vllm``): TRL generates with vLLM, colocated in each training process or on a server
     (``vllm_settings``). ``vllm_importance_sampling_correction`` stays off: TRL would then compute the sampler's
@@ -96,13 +101,16 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     """
     train = preset.train
     budget = train.budget
-    max_steps = int(math.ceil(budget.amount)) if budget.kind == "steps" else budget.max_steps
+    updates = train.mini_batches * train.ppo_epochs  # optimizer steps per generation batch
+    # a steps budget stops at the end of a generation batch, as every budget does
+    max_steps = int(math.ceil(budget.amount / updates)) * updates if budget.kind == "steps" else budget.max_steps
+    rollouts = per_device_rollouts(train, int(os.environ.get("WORLD_SIZE", "1")))
     return GRPOConfig(
         output_dir=str(out_dir / "trl"),
-        per_device_train_batch_size=per_device_rollouts(train, int(os.environ.get("WORLD_SIZE", "1"))),
+        per_device_train_batch_size=rollouts // train.mini_batches,  # TRL's per-step slice of the generation batch
         gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
+        steps_per_generation=train.mini_batches,  # TRL generates once for mini_batches x ppo_epochs steps
+        num_iterations=train.ppo_epochs,
         num_generations=train.num_generations,
         max_completion_length=train.max_completion_length,
         temperature=train.temperature,
@@ -180,6 +188,55 @@ class TargetedGRPOTrainer(GRPOTrainer):
                            aggregation=train.aggregation, max_completion_length=train.max_completion_length,
                            process_index=self.accelerator.process_index)
 
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps per generation batch: train.mini_batches x train.ppo_epochs."""
+        return self.preset.train.mini_batches * self.preset.train.ppo_epochs
+
+    # --- mini-batches: TRL's buffering, whole prompt groups per mini-batch ------------------------------------------
+
+    def _prepare_inputs(self, generation_batch):
+        """The batch of the next optimizer step. One step per generation batch: TRL's own path. Several: TRL 1.16
+        would shuffle the generation batch by rows and cut it into equal row slices, which spreads a prompt group
+        over mini-batches (and, after rollout dropping, cuts off the remainder rows); here mini-batch j holds prompt
+        groups [j P / k, (j + 1) P / k) of the process's P groups in generation order, the same in every epoch."""
+        updates = self.updates_per_generation
+        if not self.model.training or updates == 1:
+            return super()._prepare_inputs(generation_batch)
+        mini_batches = self.preset.train.mini_batches
+        if self._step % updates == 0 or self._buffered_inputs is None:  # None: resumed (at a generation boundary)
+            batch = self._generate_and_score_completions(generation_batch)
+            groups = self.preset.train.prompts_per_step // self.accelerator.num_processes
+            self._buffered_inputs = split_by_prompt_groups(
+                batch, batch[f"{ROLLOUT_KEY_PREFIX}group_ids"] - self.accelerator.process_index * groups, groups,
+                mini_batches)
+            empty = [j for j, part in enumerate(self._buffered_inputs) if part["completion_ids"].shape[0] == 0]
+            if empty:
+                raise RuntimeError(f"method {self.method.name!r} dropped every rollout of mini-batches {empty} in step "
+                                   f"{self.state.global_step}; lower train.mini_batches={mini_batches}")
+        return self._buffered_inputs[self._step % mini_batches]
+
+    @contextmanager
+    def _trl_sees_one_step_per_generation(self):
+        """TRL 1.16 runs a forward of its own for old log-probs when steps_per_generation x num_iterations exceeds
+        gradient_accumulation_steps: full-vocabulary logits over the batch before rollout dropping, outside the
+        budget. The harness computes them on the reduced batch (``_rollout_policy_logp``), so while TRL generates
+        it sees the values for which it computes none (the only place TRL reads them there)."""
+        saved = self.args.steps_per_generation, self.num_iterations
+        self.args.steps_per_generation, self.num_iterations = 1, 1
+        try:
+            yield
+        finally:
+            self.args.steps_per_generation, self.num_iterations = saved
+
+    def _rollout_policy_logp(self, inputs: dict) -> torch.Tensor:
+        """log pi_old (B, T) of the reduced batch before its first update: one no-grad forward, phase old_logp."""
+        started = self.clock.start()
+        with torch.no_grad():
+            logp = self._chunked_statistics(self.model, inputs, (), "old_logp", backward=False)["logp"]
+        self.clock.stop("old_logp", started)
+        return logp
+
     # --- rollouts: advantages, selection, truncation (before any forward pass) ---------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -189,7 +246,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         started = self.clock.start()
-        out = super()._generate_and_score_completions(inputs)
+        with self._trl_sees_one_step_per_generation():
+            out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
         self.clock.stop("generation", started)
@@ -210,7 +268,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
                                f"{self.state.global_step}; a method must keep at least one token")
         self._log_train("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
-        return self._reduced_batch(out, prepared, device)
+        reduced = self._reduced_batch(out, prepared, device)
+        if self.updates_per_generation > 1:
+            reduced[f"{ROLLOUT_KEY_PREFIX}old_logp"] = self._rollout_policy_logp(reduced)
+        return reduced
 
     @torch.no_grad()
     def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
@@ -317,21 +378,26 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True,
                      loss_positions: torch.Tensor | None = None) -> TokenStats:
+        """Current-policy statistics; old_logp is the rollout policy's (``_rollout_policy_logp``) when the batch
+        feeds several optimizer steps, else logp.detach() (pi_old = pi_theta)."""
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & set(EXTRA_STATISTICS)))
         stats = self._chunked_statistics(model, inputs, extras, "train", backward, loss_positions)
         ref_logp = (self._reference_logp(inputs, loss_positions) if reference and self.ref_policy is not None
                     else None)
-        return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach(), entropy=stats.get("entropy"),
-                          sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
+        old_logp = inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp")
+        return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
+                          entropy=stats.get("entropy"), sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
 
     def _loss_config(self, ctx: StepContext) -> LossConfig:
-        return LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high, beta=ctx.beta)
+        train = self.preset.train
+        return LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high,
+                          clip_ratio_c=train.clip_ratio_c, beta=ctx.beta, kl_estimator=train.kl_estimator)
 
     def _compute_loss(self, model, inputs):
         """The method's weights on the whole batch, then ``sum(w l) / D`` (+ beta KL) of its rows: in one forward +
         backward, or (``train.backward_chunk_rows``) row chunk by row chunk after a no-grad forward that gives the
-        method its batch-wide statistics. One optimizer step per micro-batch (``grpo_config``): no accumulation
-        scaling of the returned loss."""
+        method its batch-wide statistics. ``inputs`` is one mini-batch (the whole generation batch by default);
+        one optimizer step per mini-batch (``grpo_config``): no accumulation scaling of the returned loss."""
         started = time.perf_counter()
         ctx = self.step_context()
         batch = self._rollout_batch_from_inputs(inputs)
@@ -353,7 +419,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
             if bool((weighted & ~positions).any()):
                 raise ValueError(f"method {self.method.name!r} weighs tokens outside its loss_positions")
         loss_inputs = LossInputs(batch.advantages, computed, result.weights, result.denominator, kl_weights,
-                                 kl_denominator, ref_logp=stats.ref_logp)
+                                 kl_denominator, old_logp=inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp"),
+                                 ref_logp=stats.ref_logp)
         config = self._loss_config(ctx)
         if in_chunks:
             loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows, positions)
@@ -433,8 +500,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
         local = self.step_ledger
         local.step_seconds += step_seconds
         local.seconds["generation"] += seconds.get("generation", 0.0)
-        local.seconds["reference"] += seconds.get("reference", 0.0)
-        local.seconds["train"] += step_seconds - seconds.get("generation", 0.0) - seconds.get("reference", 0.0)
+        for phase in ("generation", "old_logp", "reference"):
+            local.seconds[phase] += seconds.get(phase, 0.0)
+        local.seconds["train"] += (step_seconds - seconds.get("generation", 0.0) - seconds.get("old_logp", 0.0)
+                                   - seconds.get("reference", 0.0))
         counts = torch.tensor(local.counters(), dtype=torch.float64, device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts, reduction="sum")
@@ -477,7 +546,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             n_tokens = mask.sum().clamp(min=1)
             weighted = (result.weights != 0) & (mask > 0)
-            self._log_train("clip_ratio/region_mean", float(loss_metrics["clip_ratio/region_mean"]))
+            for region in ("region", "low", "high", "dual"):  # fractions of completion tokens; 0 while r = 1
+                self._log_train(f"clip_ratio/{region}_mean", float(loss_metrics[f"clip_ratio/{region}_mean"]))
             self._log_train("tokens/weighted_frac", float(weighted.sum() / n_tokens))
             if stats.entropy is not None:
                 self._log_train("entropy", float((stats.entropy * computed).sum() / computed.sum().clamp(min=1)))

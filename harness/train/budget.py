@@ -14,6 +14,7 @@ attends to: a causal row of width L has L (L + 1) / 2 pairs.
 What is counted, phase by phase (the accounting counts what a method really skips or adds):
 - generation: each rollout's real prompt tokens (prefill) and real generated tokens, logits for the generated
   ones, attention over the growing prefix (a KV cache): sum_t t pairs. Finished rollouts cost nothing more.
+- old-policy forward (only with several optimizer steps per generation batch): the padded shape, per row chunk.
 - reference forward (only when beta > 0): the padded shape actually computed, per row chunk.
 - training forward + backward: the padded shape actually computed, per row chunk, times 3. Rollouts a method
   drops (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted; LM-head
@@ -37,7 +38,9 @@ import torch
 
 from harness.config.choices import BUDGET_KINDS
 
-PHASES = ("generation", "reference", "train")
+# old_logp: the rollout policy's log-probs, one no-grad forward per generation batch when it feeds several optimizer
+# steps (train.mini_batches x train.ppo_epochs > 1)
+PHASES = ("generation", "old_logp", "reference", "train")
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class BudgetLedger:
     samples: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
-    forwarded_positions: int = 0  # computed positions of reference + training forwards
+    forwarded_positions: int = 0  # computed positions of old-policy, reference and training forwards
     trained_positions: int = 0  # computed positions of the training forward
     weighted_tokens: int = 0  # completion tokens with a non-zero weight in the loss
     flops: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
@@ -180,7 +183,8 @@ class BudgetLedger:
 
     @classmethod
     def from_dict(cls, data: dict) -> BudgetLedger:
-        return cls(**data)
+        data = {k: ({p: v.get(p, 0.0) for p in PHASES} if isinstance(v, dict) else v) for k, v in data.items()}
+        return cls(**data)  # a phase missing from an older ledger counts 0
 
     def summary(self) -> dict[str, float]:
         """Flat ``group/name`` scalars for metrics.jsonl and run.json."""

@@ -1,5 +1,6 @@
-"""The trainer callback of a run: closes each step's budget accounting, saves the model at budget fractions, stops
-the run once the budget is spent, and appends each log record to ``metrics.jsonl``."""
+"""The trainer callback of a run: closes each optimizer step's budget accounting; at the end of each generation
+batch, saves the model at budget fractions and stops the run once the budget is spent; appends each log record to
+``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class BudgetCallback(TrainerCallback):
         trainer.clock.stop("step", self._step_started)
         seconds = trainer.clock.collect()
         trainer.close_step_accounting(seconds, seconds.pop("step", 0.0))
+        if state.global_step % trainer.updates_per_generation:
+            return  # budget checkpoints and the stop fall at the end of a generation batch (train.mini_batches)
         budget = trainer.preset.train.budget
         spent = ledger.spent(budget.kind)
         for fraction, directory in self.checkpoint_dirs.items():

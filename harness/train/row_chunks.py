@@ -1,4 +1,5 @@
-"""Rows of a batch in chunks, each trimmed to its own longest row, and statistics stitched back to (B, T).
+"""Rows of a batch in chunks, each trimmed to its own longest row, and statistics stitched back to (B, T); and
+the split of a generation batch into mini-batches of whole prompt groups.
 
 The training forward runs ``train.forward_chunk_rows`` rows at a time (and the backward ``backward_chunk_rows``).
 Rows are sorted by length first, so each chunk holds rows of similar length and is cut to its longest prompt and
@@ -53,3 +54,19 @@ def statistics_by_row_chunks(inputs: dict, rows_per_chunk: int,
         order.append(chunk.rows)
     inverse = torch.argsort(torch.cat(order))
     return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
+
+
+def split_by_prompt_groups(batch: dict, group_index: torch.Tensor, groups: int, parts: int) -> list[dict]:
+    """A batch dict (tensors with rows first; 0-dim tensors are shared) -> ``parts`` dicts, part j holding the rows
+    whose ``group_index`` (B,), in [0, groups), lies in [j groups / parts, (j + 1) groups / parts): whole prompt
+    groups, rows in their original order. A part may come out empty when a method dropped all its rollouts."""
+    if groups % parts:
+        raise ValueError(f"{parts} mini-batches do not divide {groups} prompt groups")
+    part_of_row = torch.div(group_index, groups // parts, rounding_mode="floor")  # (B,)
+    if bool(((group_index < 0) | (group_index >= groups)).any()):
+        raise ValueError(f"group indices outside [0, {groups}): {group_index.unique().tolist()}")
+    out = []
+    for j in range(parts):
+        rows = torch.nonzero(part_of_row == j).flatten()
+        out.append({k: (v[rows] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in batch.items()})
+    return out
