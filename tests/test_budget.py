@@ -141,6 +141,30 @@ def test_a_resumed_run_continues_the_budget_and_matches_an_uninterrupted_one(tin
         torch.testing.assert_close(resumed_weights[name], tensor)
 
 
+@pytest.mark.parametrize("metrics_moved", [True, False])
+def test_a_run_killed_after_its_last_step_resumes_to_the_same_end(tiny_sweep, metrics_moved):
+    # found by tests/test_live_slurm.py: a job killed after its final trainer checkpoint but before run.json was
+    # written trained one step more on resume, and lost the metrics already moved to metrics.jsonl
+    import shutil
+
+    settings = ("train.budget.amount=3", "train.budget.checkpoint_fractions=[1.0]", "train.save_every_steps=1")
+    shutil.rmtree(tiny_sweep[1].run_dir("ktae", 0), ignore_errors=True)  # a fresh run for each case
+    full, paths = train(tiny_sweep, "ktae", *settings)
+    run_dir = paths.run_dir("ktae", 0)
+    assert full["resumed_from"] is None
+    full_metrics = (run_dir / "metrics.jsonl").read_text()
+    full_weights = (run_dir / "ckpt-100" / "model.safetensors").read_bytes()
+    (run_dir / "run.json").unlink()  # the kill: after checkpoint-3 and ckpt-100, before run.json
+    if not metrics_moved:
+        (run_dir / "metrics.jsonl").replace(run_dir / "metrics.jsonl.partial")
+    resumed, _ = train(tiny_sweep, "ktae", *settings)
+    assert resumed["resumed_from"] == "checkpoint-3"
+    assert resumed["budget"]["spent_steps"] == full["budget"]["spent_steps"] == 3
+    assert resumed["budget"]["ledger"] == full["budget"]["ledger"]
+    assert (run_dir / "metrics.jsonl").read_text() == full_metrics
+    assert (run_dir / "ckpt-100" / "model.safetensors").read_bytes() == full_weights
+
+
 def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
     from harness.train.adapter import LEDGER_FILE
     from harness.train.run import last_complete_checkpoint

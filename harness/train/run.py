@@ -103,12 +103,19 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         sample_batch_path=run_dir / "sample_batch.json", run_key=run_key)
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
     trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs, metrics_partial))
+    finished = False
     if resume_from is not None:
         trainer.restore_ledger(Path(resume_from))
+        # killed after its last step but before run.json: nothing is left to train, and the metrics may already
+        # have been moved into place
+        finished = trainer.ledger.spent(budget.kind) >= budget.amount * (1 - 1e-9)
         if processes.is_main_process:
+            if (run_dir / "metrics.jsonl").is_file() and not metrics_partial.is_file():
+                (run_dir / "metrics.jsonl").replace(metrics_partial)
             _drop_metrics_after(metrics_partial, trainer.ledger.steps)
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume_from)
+    if not finished:
+        trainer.train(resume_from_checkpoint=resume_from)
     elapsed = time.perf_counter() - started
     missing = [d.name for d in checkpoint_dirs.values() if not d.is_dir()]
     if missing:
