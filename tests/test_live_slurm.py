@@ -94,10 +94,8 @@ def _squeue() -> dict[str, dict[str, str]]:
     return jobs
 
 
-def _train_checkpoint_done(root: Path, label: str) -> bool:
-    from harness.train.adapter import LEDGER_FILE
-
-    return any((root / "runs" / label / "seed0" / "trl").glob(f"checkpoint-*/{LEDGER_FILE}"))
+def _train_checkpoint_done(root: Path, label: str, ledger_file: str) -> bool:
+    return any((root / "runs" / label / "seed0" / "trl").glob(f"checkpoint-*/{ledger_file}"))
 
 
 def _job_pids(job_id: str) -> list[int]:
@@ -129,6 +127,10 @@ def _minutes(limit: str) -> int:
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
+    # imported before the runs start: importing it (torch, TRL) inside the watch loop held the loop for ~10 s on a
+    # busy machine, and a training run went 52 of 60 steps before it was seen
+    from harness.train.adapter import LEDGER_FILE
+
     local_dir, slurm_dir = tmp_path_factory.mktemp("local"), tmp_path_factory.mktemp("slurm")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     started = time.monotonic()
@@ -157,7 +159,7 @@ def sweeps(tmp_path_factory):
                 if job["state"] != "RUNNING" or not job["comment"].startswith("rule_train_wildcards_"):
                     continue
                 label = job["comment"].removeprefix("rule_train_wildcards_").rsplit("_", 1)[0]
-                if label in interrupted or not _train_checkpoint_done(root, label):
+                if label in interrupted or not _train_checkpoint_done(root, label, LEDGER_FILE):
                     continue
                 # frozen first, so that the run cannot finish while Slurm acts on the job
                 assert _freeze_training(job_id), f"no harness train process in Slurm job {job_id}"
