@@ -25,8 +25,11 @@ The config keeps the official semantic, the fraction REMOVED (Framework1 ``selec
 ``doing_entropy_clipping_percent=0.8``); paper rho = 1 - remove_fraction.
 
 Deviations (also in ``GMTS.deviations``):
-- H and r come from the training forward of the step (the loss's own tensors, no grad); the official codes run an
-  extra no-grad forward at the start of each mini-batch, which gives the same values on a mini-batch's first step.
+- H and r come from each mini-batch's own training forward (the loss's own tensors, no grad), r against the
+  rollout policy's log-probs (train.mini_batches x train.ppo_epochs > 1: r != 1 after the first mini-batch); the
+  official codes run an extra no-grad forward at the start of each mini-batch. Both see the weights before that
+  mini-batch's update, so the values are the same on every mini-batch (tests/test_minibatches.py); only the extra
+  forward is saved.
 - Groups come from ``group_ids``; Framework1 asserts 16 rollouts per group and Framework2 slices fixed 16-row
   chunks with a loop that filters only the first groups (bug, docs/methods.md "GMTS"): neither is reproduced.
 - Count rule of Framework1; Framework2 instead removes int(0.8 N') of the N' nonzero scores and every tie at the
@@ -96,7 +99,8 @@ class GMTS(Method):
 
     needs = frozenset({"entropy"})
     deviations = (
-        "H and r from the training forward of the step, not a separate no-grad forward per mini-batch",
+        "H and r from each mini-batch's own training forward (the weights before its update, as the official "
+        "no-grad forward per mini-batch: same values), not a separate forward",
         "groups from group_ids; Framework1's 16-rollout assert and Framework2's 16-row chunks (and loop bug) dropped",
         "count rule of Framework1 (remove max(1, ceil(0.8 N)) lowest, stable order); Framework2's rule not used",
         "zero-score tokens never kept (Framework1 keeps survivors with nonzero entropy; their gradient is zero)",

@@ -168,3 +168,37 @@ def test_config_defaults_keep_one_step_per_generation_batch(tmp_path):
     assert default.train.clip_ratio_c is None and default.train.kl_estimator == "k3"
     args = grpo_config(default, tmp_path, seed=0)
     assert (args.steps_per_generation, args.num_iterations, args.per_device_train_batch_size) == (1, 1, 128)
+
+
+def test_gmts_scores_the_current_policy_against_the_rollout_policy_on_every_mini_batch(tiny_model_dir, tmp_path):
+    # GMTS's H and r come from each mini-batch's own training forward: the policy before that mini-batch's update,
+    # what the official codes' no-grad forward at the start of each mini-batch gives; r = 1 only on the first
+    preset = tiny_preset(mini_batches=2)
+    model, tokenizer = load_policy(tiny_model_dir)
+    method = get_method_class("gmts")()
+    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[length_reward],
+                                  args=grpo_config(preset, tmp_path, seed=0), train_dataset=Dataset.from_list(PROMPTS),
+                                  method=method, preset=preset, run_seed=0)
+    seen, scores = [], method.scores
+
+    def recording(stats, batch, ctx):
+        mask = batch.completion_mask > 0
+        ratio = torch.exp(stats.logp.detach() - stats.old_logp)[mask]
+        with torch.no_grad():  # the current weights' entropy, computed again here (budget in steps: no effect)
+            current = trainer._chunked_statistics(trainer.model, trainer._last_inputs, ("entropy",), "train", False)
+        seen.append((float((ratio - 1).abs().max()), torch.equal(stats.entropy[mask], current["entropy"][mask])))
+        return scores(stats, batch, ctx)
+
+    method.scores = recording
+    compute_loss = trainer._compute_loss
+
+    def keep_inputs(model, inputs):
+        trainer._last_inputs = inputs
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = keep_inputs
+    trainer.train()
+    assert len(seen) == 4  # two generation batches of two mini-batches
+    assert seen[0][0] == 0.0 and seen[2][0] == 0.0  # first mini-batch: the rollout policy itself
+    assert seen[1][0] > 0.0 and seen[3][0] > 0.0  # second: the updated policy against the rollout policy
+    assert all(same for _, same in seen)  # H of the current weights
