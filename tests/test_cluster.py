@@ -113,8 +113,9 @@ def test_grpo_config_maps_the_vllm_settings_and_splits_the_batch_over_processes(
     preset = _preset("paper-ktae")
     monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process here; accelerate launch sets it per process
     config = grpo_config(preset, Path("/tmp/unused"), 0)
-    assert config.per_device_train_batch_size == 128 * 16
-    assert per_device_rollouts(preset.train, 4) == 128 // 4 * 16
+    # 1024 prompts x 16 per generation batch, in 8 mini-batches: one process trains 128 x 16 rollouts per step
+    assert (config.per_device_train_batch_size, config.steps_per_generation) == (1024 // 8 * 16, 8)
+    assert per_device_rollouts(preset.train, 4) == 1024 // 4 * 16  # each process's share of a generation batch
     assert (config.use_vllm, config.vllm_mode, config.vllm_gpu_memory_utilization, config.vllm_tensor_parallel_size,
             config.vllm_max_model_length) == (True, "colocate", 0.3, 1, 4096)
     assert config.vllm_importance_sampling_correction is False  # the loss never reads TRL's IS ratio

@@ -30,12 +30,13 @@ def test_status_is_computed_from_the_resolved_config_where_the_paper_value_is_gi
     assert [r.status for r in kl.values()] == ["match", "match"]  # beta 0 (DAPO) and 0.001 (GRPO sweep override)
     assert "train.beta=0.001" in kl[grpo.source].ours
     batch = next(r for r in ktae.rows if r.element == "batch")
-    assert batch.status == "departure" and "train.prompts_per_step=128" in batch.ours  # paper: 1024 prompts
-    # the same file against a sweep that sets the paper's batch: the computed status follows the config
+    assert batch.status == "match" and "train.prompts_per_step=1024" in batch.ours  # the paper's 1024 prompts
+    # the same file against a sweep that trains on smaller batches: the computed status follows the config
     sweep = {"name": "paper-ktae", "preset": "paper-ktae", "methods": ["uniform"], "seeds": [0],
-             "train": {"prompts_per_step": 1024}}
-    at_paper_batch = load_fidelity(FIDELITY / "paper-ktae.yaml", resolve(sweep))
-    assert next(r for r in at_paper_batch.rows if r.element == "batch").status == "match"
+             "train": {"prompts_per_step": 128, "mini_batches": 1}}
+    smaller = {r.element: r for r in load_fidelity(FIDELITY / "paper-ktae.yaml", resolve(sweep)).rows}
+    assert smaller["batch"].status == smaller["mini_batches"].status == "departure"
+    assert "train.mini_batches=1" in smaller["mini_batches"].ours
 
 
 def _write(tmp_path: Path, text: str) -> Path:
