@@ -62,7 +62,7 @@ def cmd_data(args) -> None:
 
 
 def cmd_warmstart(args) -> None:
-    from harness.train.run import warmstart
+    from harness.model.warmstart import warmstart
 
     resolved, paths = _resolve(args)
     mark_startup("warmstart")

@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from harness.config.schema import ModelConfig
-    from harness.model.policy import build_char_llama, build_char_tokenizer, save_policy
+    from harness.model.char_llama import build_char_llama, build_char_tokenizer
+    from harness.model.checkpoints import save_policy
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("tiny_model")
@@ -27,7 +28,8 @@ def tiny_sweep(tmp_path_factory):
     """A tiny preset sweep with its data and a 10-step warm start: (overrides, SweepPaths)."""
     from harness.config.paths import SweepPaths
     from harness.config.schema import resolve
-    from harness.train.run import prepare_data, warmstart
+    from harness.data.prepare import prepare_data
+    from harness.model.warmstart import warmstart
 
     root = tmp_path_factory.mktemp("tiny_sweep")
     overrides = [f"results_dir={root}", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",

@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from harness.config.launch import per_device_rollouts
 from harness.config.schema import ConfigError, PresetConfig, resolve
-from harness.model.policy import load_policy
+from harness.model.checkpoints import load_policy
 from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
 from harness.train.row_chunks import split_by_prompt_groups
 from methods.registry import get_method_class

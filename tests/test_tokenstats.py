@@ -60,7 +60,7 @@ def naive_from_logits(logits, targets, temperature):
 
 @pytest.mark.parametrize("chunk_size", [3, 256])
 def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, chunk_size):
-    from harness.model.policy import load_policy
+    from harness.model.checkpoints import load_policy
     from harness.train.token_statistics import model_token_statistics
 
     model, _ = load_policy(tiny_model_dir)
@@ -108,7 +108,7 @@ def test_lm_head_only_at_given_positions(tiny_model_dir, picked):
 
 
 def test_models_that_transform_logits_after_the_head_are_refused(tiny_model_dir):
-    from harness.model.policy import load_policy
+    from harness.model.checkpoints import load_policy
     from harness.train.token_statistics import model_token_statistics
 
     model, _ = load_policy(tiny_model_dir)

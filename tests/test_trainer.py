@@ -8,7 +8,7 @@ import trl
 from datasets import Dataset
 
 from harness.config.schema import PresetConfig
-from harness.model.policy import load_policy
+from harness.model.checkpoints import load_policy
 from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
 from methods.registry import get_method_class
 

@@ -106,3 +106,9 @@ class SweepPaths:
             return folder / f"{rule}{suffix}"
         name = f"{label}_seed{seed}" + (f"_{ckpt}" if ckpt is not None else "")
         return folder / rule / f"{name}{suffix}"
+
+
+def resolve_repo_path(path: str | Path) -> Path:
+    """A path from a config file: absolute as given, relative to the checkout (REPO_ROOT) otherwise."""
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else REPO_ROOT / candidate

@@ -1,16 +1,18 @@
-"""What every run records so it can be reproduced: versions, git commit, hardware, data checksums."""
+"""What every run records so it can be reproduced: versions, git commit, hardware, data checksums; and the run
+record itself (``run.json``), written by training and by ``harness fetch``."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
-from pathlib import Path
 
 import torch
 
 from harness.config.paths import REPO_ROOT
+from harness.config.schema import MethodSpec, Resolved, dump_yaml
 
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "lm-eval", "math-verify", "snakemake", "omegaconf",
             "vllm", "tokenizers", "datasets")
@@ -48,11 +50,35 @@ def hardware() -> dict:
     return info
 
 
-def provenance(data_files: dict[str, Path] | None = None) -> dict:
-    """Versions, git, hardware and the sha256 of each named data file."""
-    from harness.data.files import sha256_file
-
+def provenance(data_sha256: dict[str, str] | None = None) -> dict:
+    """Versions, git, hardware and ``data_sha256`` (data file name -> sha256, computed by the caller)."""
     record = {"versions": package_versions(), "git": git_state(), "hardware": hardware()}
-    if data_files:
-        record["data_sha256"] = {name: sha256_file(path) for name, path in data_files.items()}
+    if data_sha256:
+        record["data_sha256"] = dict(data_sha256)
+    return record
+
+
+def run_record(resolved: Resolved, spec: MethodSpec, seed: int, run_seed: int, deviations: list[str], budget: dict,
+               counters: dict, train_seconds: float | None, *, resumed_from: str | None = None,
+               external: dict | None = None, data_sha256: dict[str, str] | None = None) -> dict:
+    """The content of a run's ``run.json``: the sweep, the method label with its parameters and deviations, the seeds,
+    the resolved configuration (as a dict and as YAML), the budget and counters, and provenance.
+
+    A trained run records ``resumed_from`` (the trainer checkpoint it resumed from, or None); a released checkpoint
+    (``external``: where it came from) was not trained here and records no ``resumed_from``. The report reads
+    these files. ``data_sha256``: the sha256 of each data file the run read, by name."""
+    config = resolved.to_dict()
+    record = {
+        "sweep": resolved.sweep.name,
+        "method": {"label": spec.label, "name": spec.name,
+                   "params": json.loads(json.dumps(spec.params.__dict__, default=str)),
+                   "deviations": list(deviations)},
+        "seed": seed, "run_seed": run_seed, "config": config, "config_yaml": dump_yaml(config),
+    }
+    if external is not None:
+        record["external"] = external
+    record.update(budget=budget, counters=counters)
+    if external is None:
+        record["resumed_from"] = resumed_from
+    record.update(train_seconds=train_seconds, provenance=provenance(data_sha256))
     return record

@@ -1,15 +1,11 @@
-"""The sweep's data folder: synthetic splits and/or a shipped training JSONL, with SHA256SUMS.
-
-Pure Python (no torch, no transformers), so ``harness data``, the first job of every sweep, starts in a fraction of
-a second; ``harness.train.run`` re-exports both functions.
-"""
+"""A sweep's data folder: the training split (and, with synthetic data, the benchmark splits) with its SHA256SUMS,
+and the training rows in the order a seed gives them."""
 
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-from harness.config.paths import SweepPaths
+from harness.config.paths import SweepPaths, resolve_repo_path
 from harness.config.schema import Resolved
 from harness.data.files import read_jsonl, verify_checksum, write_jsonl_atomic, write_sha256sums
 from harness.data.synthetic import generate_split
@@ -39,8 +35,16 @@ def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
     return {split: str(path) for split, path in written.items()}
 
 
-def resolve_repo_path(path: str) -> Path:
-    from harness.config.paths import REPO_ROOT
+def read_train_split(paths: SweepPaths, required: tuple[str, ...] = ("id", "problem", "answer")) -> list[dict]:
+    """The rows of the sweep's ``train.jsonl``, after its checksum is verified against the data folder's
+    SHA256SUMS; every row must hold the ``required`` keys."""
+    path = paths.data_dir / "train.jsonl"
+    verify_checksum(path)
+    return read_jsonl(path, required=required)
 
-    candidate = Path(path)
-    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
+
+def training_rows(paths: SweepPaths, seed: int) -> list[dict]:
+    """The training split shuffled by ``seed``: the data order is part of a run's seed."""
+    rows = read_train_split(paths)
+    random.Random(seed).shuffle(rows)
+    return rows

@@ -1,1 +1,1 @@
-"""Models: load and save policies, the char Llama warm start, GGUF conversion."""
+"""Models: policy directories (load, save, GGUF conversion), the char Llama and its SFT, the warm start of a sweep."""

@@ -24,6 +24,7 @@ by the contract tests in tests/test_trainer.py.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -480,6 +481,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
 
     def create_optimizer(self, model=None):
+        if self.optimizer is not None:  # train() called again (bench/): the step below is wrapped already
+            return super().create_optimizer(model)
         optimizer = super().create_optimizer(model)
         step = optimizer.step
 
@@ -557,3 +560,76 @@ class TargetedGRPOTrainer(GRPOTrainer):
             self._log_train("time/loss_s", time.perf_counter() - started)
             if "kl" in loss_metrics:
                 self._log_train("kl", float(loss_metrics["kl"]))
+
+
+# --- outside a run (bench/): the TRL internals a benchmark observes stay in this module ----------------------------
+
+def plain_grpo_trainer(model, tokenizer, train_dataset, reward_funcs: list, preset: PresetConfig, out_dir: Path,
+                       seed: int) -> GRPOTrainer:
+    """TRL's own GRPOTrainer with the settings of a harness run (``grpo_config``: generation, batch, optimizer), the
+    run's reward functions, TRL's DAPO loss and no KL term: the reference a harness step is timed against."""
+    args = grpo_config(preset, out_dir, seed)
+    args.loss_type, args.beta = "dapo", 0.0
+    return GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=train_dataset,
+                       reward_funcs=reward_funcs, args=args)
+
+
+def sampling_settings(trainer: GRPOTrainer) -> tuple:
+    """(GenerationConfig, EOS token ids): what TRL samples rollouts with on the transformers ``generate`` path (no
+    vLLM), and the ids that end a completion (the mask covers the tokens up to and including the first of them)."""
+    if trainer.use_vllm:
+        raise ValueError("sampling_settings: this trainer generates with vLLM, not transformers generate")
+    return trainer.generation_config, list(trainer.eos_token_ids)
+
+
+def loss_inputs(trainer: TargetedGRPOTrainer, rollouts: dict, ctx: StepContext) -> dict:
+    """The loss inputs of a generated and scored batch, built as in a training step: the baseline's advantages,
+    the method's hooks (``trainer.method``) under ``ctx``, dropped rollouts and truncated columns removed.
+
+    ``rollouts``: prompt_ids / prompt_mask (B, P) left-padded, completion_ids / completion_mask (B, T), rewards (B,),
+    group_ids (B,). ``trainer.compute_loss(trainer.model, inputs)`` then runs the training forward."""
+    train = trainer.preset.train
+    batch = new_rollout_batch(rollouts["completion_ids"], rollouts["completion_mask"], rollouts["rewards"],
+                              rollouts["group_ids"], train.scale_rewards, trainer.special_token_ids)
+    prepared = prepare_batch(trainer.method, batch, ctx)
+    out = {k: rollouts[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    return trainer._reduced_batch(out, prepared, rollouts["completion_ids"].device)
+
+
+class PhaseProbe:
+    """Wall and process-CPU seconds a trainer (ours or TRL's own) spends per phase, summed until ``reset``:
+    ``generation`` (TRL's generate and reward scoring; for ours also the advantages and the method's hooks) and
+    ``loss_forward`` (the loss with its forward pass; the backward runs after it). Also the completion lengths and
+    a digest of the completion ids of the last generation batch: two trainers that sampled the same rollouts have
+    the same digest. The trainer's own methods are wrapped on this instance only; what they compute is unchanged."""
+
+    PHASES = {"generation": "_generate_and_score_completions", "loss_forward": "_compute_loss"}
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.reset()
+        for phase, name in self.PHASES.items():
+            setattr(trainer, name, self._timed(getattr(trainer, name), phase))
+        rewards = trainer._calculate_rewards
+
+        def calculate_rewards(inputs, prompts, completions, completion_ids_list):
+            self.completion_lengths = [len(c) for c in completion_ids_list]
+            ids_digest = hashlib.sha1(repr(completion_ids_list).encode()).hexdigest()
+            self.rollouts_digest = hashlib.sha1(ids_digest.encode()).hexdigest()[:12]
+            return rewards(inputs, prompts, completions, completion_ids_list)
+
+        trainer._calculate_rewards = calculate_rewards
+
+    def reset(self) -> None:
+        self.seconds = {phase: {"wall": 0.0, "cpu": 0.0} for phase in self.PHASES}
+        self.completion_lengths: list[int] = []
+        self.rollouts_digest = ""
+
+    def _timed(self, inner, phase: str):
+        def timed(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = inner(*args, **kwargs)
+            self.seconds[phase]["wall"] += time.perf_counter() - wall
+            self.seconds[phase]["cpu"] += time.process_time() - cpu
+            return out
+
+        return timed

@@ -48,7 +48,7 @@ class BudgetCallback(TrainerCallback):
     def _save_model(self, model, directory: Path) -> None:
         """Every process takes part in gathering the full weights (ZeRO-3 and FSDP shard them); the main process
         writes them; the others wait until the folder exists."""
-        from harness.model.policy import save_policy
+        from harness.model.checkpoints import save_policy
 
         trainer = self.trainer
         accelerator = trainer.accelerator

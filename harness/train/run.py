@@ -1,62 +1,109 @@
-"""Preparing data, warm-starting the policy, and one training run (method x seed) under its budget."""
+"""One training run (method x seed) under its budget, and the trainer factory it is built with (bench/ builds its
+trainers with the same functions)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
 import time
 from pathlib import Path
 
 import torch
 
 from harness.config.paths import SweepPaths, checkpoint_name
-from harness.config.provenance import provenance
-from harness.config.schema import MethodSpec, Resolved, dump_yaml
-from harness.data.files import read_jsonl, verify_checksum, write_json_atomic
-from harness.data.prepare import prepare_data, resolve_repo_path  # noqa: F401  (moved there; imported from here too)
+from harness.config.provenance import run_record
+from harness.config.schema import MethodSpec, Resolved
+from harness.data.files import sha256_file, write_json_atomic
+from harness.data.prepare import training_rows
 from harness.data.prompts import render_prompt
-from harness.model.policy import convert_gguf, load_policy, warmstart_char_llama
+from harness.model.checkpoints import load_policy
 from harness.train.budget import peak_memory_bytes
 
 
-def warmstart(resolved: Resolved, paths: SweepPaths) -> dict:
-    """Build the starting policy once per sweep: SFT for char_llama, GGUF dequantisation, or a hub/path copy."""
+def training_dataset(resolved: Resolved, paths: SweepPaths, tokenizer, seed: int):
+    """The training prompts (rendered with the preset's template and ``tokenizer``) and their answers, in the order
+    of ``seed``: a ``datasets.Dataset`` with columns ``prompt`` and ``answer``."""
+    from datasets import Dataset
+
+    template = resolved.preset.prompt_template
+    return Dataset.from_list([{"prompt": render_prompt(template, r["problem"], tokenizer), "answer": r["answer"]}
+                              for r in training_rows(paths, seed)])
+
+
+def reward_functions(preset) -> list:
+    """TRL reward functions of a run, summed into each rollout's reward: correctness, plus DAPO's soft overlong
+    punishment when ``train.overlong`` turns it on."""
+    from harness.train.adapter import reward_function
+    from harness.train.rewards import overlong_reward_functions
+
+    return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s),
+            *overlong_reward_functions(preset.train)]  # reward = correctness + DAPO overlong term
+
+
+def build_trainer(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths, run_dir: Path, *,
+                  checkpoint_dirs: dict[float, Path] | None = None, metrics_path: Path | None = None,
+                  run_key: str = "", sample_batch_path: Path | None = None):
+    """The ``TargetedGRPOTrainer`` of one run: seeds every RNG with the run seed (``seed + spec.seed_offset``), loads
+    the sweep's warm start, the training prompts in the order of the run seed, the method of ``spec`` and TRL's
+    settings from the preset (``grpo_config``; TRL's own output under ``run_dir/trl``). Its ``BudgetCallback``
+    saves the model at each budget fraction of ``checkpoint_dirs`` (fraction -> directory; none: never) and
+    appends every step's log to ``metrics_path`` (default ``run_dir/metrics.jsonl``). ``run_key`` identifies the
+    configuration in resumable checkpoints; ``sample_batch_path`` receives the first generation batch."""
+    from transformers import set_seed
+
+    from harness.train.adapter import TargetedGRPOTrainer, grpo_config
+    from harness.train.callbacks import BudgetCallback
+    from methods.registry import get_method_class
+
     preset = resolved.preset
-    torch.set_num_threads(preset.warmstart.threads)
-    out = paths.warmstart_dir
-    staging = out.with_name(out.name + ".partial")
-    model_cfg = preset.model
-    if model_cfg.kind == "char_llama":
-        rows = read_jsonl(verify_and_return(paths.data_dir / "train.jsonl"), required=("problem", "solution"))
-        summary = warmstart_char_llama(model_cfg, preset.warmstart, rows,
-                                       lambda p: render_prompt(preset.prompt_template, p), staging)
-    elif model_cfg.kind == "gguf":
-        summary = convert_gguf(model_cfg, staging)
-    else:
-        model, tokenizer = load_policy(model_cfg.name_or_path, model_cfg.dtype)
-        from harness.model.policy import save_policy
-
-        save_policy(model, tokenizer, staging)
-        summary = {"name_or_path": model_cfg.name_or_path}
-    write_json_atomic(staging / "warmstart.json", {**summary, "provenance": provenance()})
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    staging.rename(out)
-    return summary
+    torch.set_num_threads(preset.train.threads)
+    run_seed = seed + spec.seed_offset  # the sweep seed names the run; the offset separates A/A labels
+    set_seed(run_seed)
+    model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
+    dataset = training_dataset(resolved, paths, tokenizer, run_seed)
+    method = get_method_class(spec.name)(spec.params)
+    trainer = TargetedGRPOTrainer(
+        model=model, processing_class=tokenizer, train_dataset=dataset,
+        reward_funcs=reward_functions(preset), args=grpo_config(preset, run_dir, run_seed), method=method,
+        preset=preset, run_seed=run_seed,
+        sample_batch_path=sample_batch_path, run_key=run_key)
+    metrics_path = metrics_path if metrics_path is not None else run_dir / "metrics.jsonl"
+    trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs or {}, metrics_path))
+    return trainer
 
 
-def verify_and_return(path: Path) -> Path:
-    verify_checksum(path)
-    return path
+def build_plain_trainer(resolved: Resolved, paths: SweepPaths, seed: int, run_dir: Path):
+    """TRL's own ``GRPOTrainer`` on what ``build_trainer`` gives a run of seed ``seed``: the warm start, the prompts
+    in the same order, the reward and TRL's settings (``harness.train.adapter.plain_grpo_trainer``: DAPO loss, no
+    KL). No budget: it stops at ``args.max_steps``. The reference a harness step is timed against in bench/."""
+    from transformers import set_seed
+
+    from harness.train.adapter import plain_grpo_trainer
+
+    preset = resolved.preset
+    torch.set_num_threads(preset.train.threads)
+    set_seed(seed)
+    model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
+    dataset = training_dataset(resolved, paths, tokenizer, seed)
+    return plain_grpo_trainer(model, tokenizer, dataset, reward_functions(preset), preset, run_dir, seed)
 
 
-def training_rows(resolved: Resolved, paths: SweepPaths, seed: int) -> list[dict]:
-    rows = read_jsonl(verify_and_return(paths.data_dir / "train.jsonl"))
-    random.Random(seed).shuffle(rows)  # data order is part of the seed
-    return rows
+def train_steps(trainer, steps: int, data_seed: int) -> None:
+    """``steps`` more optimizer steps of ``trainer`` from its current weights and optimizer state, on the prompts
+    that ``data_seed`` draws: ``Trainer.train()`` again with a fresh step count (``max_steps = steps``) and a fresh
+    learning-rate schedule. For benchmarks; a run trains once, in ``run_training``."""
+    trainer.args.seed = trainer.args.data_seed = data_seed
+    trainer.args.max_steps = steps
+    trainer.train()
+
+
+def set_budget_progress(trainer, fraction: float) -> None:
+    """Put a trainer whose budget counts steps at ``fraction`` of its budget: the ``StepContext.progress`` that
+    schedules read (D3S) is then ``fraction`` (plus one step per step taken), as at that point of a run."""
+    budget = trainer.preset.train.budget
+    if budget.kind != "steps":
+        raise ValueError(f"set_budget_progress needs train.budget.kind=steps, not {budget.kind!r}")
+    trainer.ledger.steps = round(fraction * budget.amount)
 
 
 def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict | None:
@@ -65,18 +112,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun. Under accelerate
     launch every process calls this; the main process writes the files and gets the run record, the others None."""
     from accelerate import PartialState
-    from datasets import Dataset
-    from transformers import set_seed
-
-    from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
-    from harness.train.callbacks import BudgetCallback
-    from harness.train.rewards import overlong_reward_functions
-    from methods.registry import get_method_class
 
     preset = resolved.preset
-    torch.set_num_threads(preset.train.threads)
-    run_seed = seed + spec.seed_offset  # the sweep seed names the run; the offset separates A/A labels
-    set_seed(run_seed)
+    run_seed = seed + spec.seed_offset
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
@@ -90,19 +128,10 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         if resume_from is None:
             _clear_run_outputs(run_dir, budget.checkpoint_fractions)
             metrics_partial.unlink(missing_ok=True)
-    model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
-    rows = training_rows(resolved, paths, run_seed)
-    dataset = Dataset.from_list([{"prompt": render_prompt(preset.prompt_template, r["problem"], tokenizer),
-                                  "answer": r["answer"]} for r in rows])
-    method = get_method_class(spec.name)(spec.params)
-    trainer = TargetedGRPOTrainer(
-        model=model, processing_class=tokenizer, train_dataset=dataset,
-        reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s),
-                      *overlong_reward_functions(preset.train)],  # reward = correctness + DAPO overlong term
-        args=grpo_config(preset, run_dir, run_seed), method=method, preset=preset, run_seed=run_seed,
-        sample_batch_path=run_dir / "sample_batch.json", run_key=run_key)
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
-    trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs, metrics_partial))
+    trainer = build_trainer(resolved, spec, seed, paths, run_dir, checkpoint_dirs=checkpoint_dirs,
+                            metrics_path=metrics_partial, run_key=run_key,
+                            sample_batch_path=run_dir / "sample_batch.json")
     finished = False
     if resume_from is not None:
         trainer.restore_ledger(Path(resume_from))
@@ -126,23 +155,18 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         return None
     metrics_partial.replace(run_dir / "metrics.jsonl")
     ledger = trainer.ledger
-    record = {
-        "sweep": resolved.sweep.name, "method": {"label": spec.label, "name": spec.name,
-                                                  "params": json.loads(json.dumps(spec.params.__dict__, default=str)),
-                                                  "deviations": list(method.deviations)},
-        "seed": seed, "run_seed": run_seed, "config": resolved.to_dict(), "config_yaml": dump_yaml(resolved.to_dict()),
-        "budget": {"kind": budget.kind, "amount": budget.amount, "spent": ledger.spent(budget.kind),
-                   "spent_steps": ledger.steps, "clock": trainer.clock.name,
-                   "checkpoints": {name: info["step"] for name, info in trainer.saved_checkpoints.items()},
-                   "checkpoint_spend": trainer.saved_checkpoints, "ledger": ledger.to_dict(),
-                   "peak_memory_bytes": peak_memory, "processes": processes.num_processes,
-                   "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss"},
-        "counters": {"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
-                     "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},
-        "resumed_from": str(Path(resume_from).name) if resume_from else None,
-        "train_seconds": elapsed,
-        "provenance": provenance({"train": paths.data_dir / "train.jsonl"}),
-    }
+    record = run_record(
+        resolved, spec, seed, run_seed, trainer.method.deviations,
+        budget={"kind": budget.kind, "amount": budget.amount, "spent": ledger.spent(budget.kind),
+                "spent_steps": ledger.steps, "clock": trainer.clock.name,
+                "checkpoints": {name: info["step"] for name, info in trainer.saved_checkpoints.items()},
+                "checkpoint_spend": trainer.saved_checkpoints, "ledger": ledger.to_dict(),
+                "peak_memory_bytes": peak_memory, "processes": processes.num_processes,
+                "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss"},
+        counters={"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
+                  "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},
+        train_seconds=elapsed, resumed_from=str(Path(resume_from).name) if resume_from else None,
+        data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl")})
     write_json_atomic(run_dir / "run.json", record)
     return record
 
