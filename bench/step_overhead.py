@@ -1,12 +1,14 @@
 """Per-step time of the harness trainer against plain TRL, and of each method against the uniform baseline.
 
 Variants, all in one process, each its own trainer on its own copy of the warm-started model:
-- ``trl``: a plain ``trl.GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.train.adapter.grpo_config``
-  (same generation settings, batch, optimizer), the same reward function and prompts;
-- ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: ``TargetedGRPOTrainer`` with the method
-  config of configs/method/<label>.yaml and the ``BudgetCallback`` of a real run (budget never reached);
-- ``<variant>+nogc``: the same with activation checkpointing off (TRL's GRPOConfig turns it on by default and
-  ``grpo_config`` keeps that), compared with ``<variant>``: what the recomputation costs.
+- ``trl``: TRL's own ``GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.train.adapter.grpo_config``
+  (same generation settings, batch, optimizer), the same reward function and prompts
+  (``harness.train.run.build_plain_trainer``);
+- ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: the trainer of a run
+  (``harness.train.run.build_trainer``) with the method config of configs/method/<label>.yaml and the
+  ``BudgetCallback`` of a real run (budget never reached);
+- ``<variant>+nogc``: the same with ``train.activation_checkpointing=false``, compared with ``<variant>``: what the
+  recomputation costs where the preset turns checkpointing on.
 
 Design (paired, interleaved): block b runs ``--steps`` optimizer steps of every variant in turn, the order
 reversed every other block (A B C, C B A, ...). Before each variant's block the weights are reset to the warm
@@ -15,160 +17,131 @@ rollouts from the same weights, so a ratio compares the training side alone on i
 warm-up and is dropped. Ratios are per (block, step) pair; reported as the median with its interquartile range.
 
 Per step: wall (perf_counter) and CPU (process_time) seconds from ``on_step_begin`` to the end of the step's
-logging, split into generation (TRL's ``_generate_and_score_completions``: sampling, rewards, and for the harness
-its advantages and method hooks), loss forward (``_compute_loss``) and the rest (backward, clipping, optimizer,
-logging). The harness variants also record their budget ledger (analytic FLOPs per phase, positions trained), from
-which the expected ratio of D3S and NAT follows: they should be cheaper by the share of work they drop.
+logging, split (``harness.train.adapter.PhaseProbe``) into generation (sampling, rewards, and for the harness its
+advantages and method hooks), loss forward and the rest (backward, clipping, optimizer, logging). The harness
+variants also record their budget ledger (analytic FLOPs per phase, positions trained), from which the expected
+ratio of D3S and NAT follows: they should be cheaper by the share of work they drop.
 
 Usage:  python bench/step_overhead.py [--preset tiny|smol] [--blocks 9] [--steps 1] [--variants trl,uniform,...]
+        [--workdir DIR] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
-import hashlib
 import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from _common import (
-    DEFAULT_WORKDIR,
-    Timer,
+    NEVER_REACHED_BUDGET,
+    add_path_args,
     describe,
     environment,
     fmt_ratio,
-    model_dir_for,
+    machine_state,
     paired_ratio,
-    smol_sweep,
+    sweep,
     table,
-    tiny_sweep,
-    training_dataset,
     update_summary,
     verdict,
     write_result,
 )
+from transformers import TrainerCallback
 
 ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat", "uniform+nogc"]
 OVERHEAD_TARGET = 1.05  # uniform vs trl, and entropy/gmts/rsi/ktae vs uniform
 DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
+OPTIONS = {"nogc": ["train.activation_checkpointing=false"]}  # variant suffix "+<option>" -> preset overrides
 
 
-def build_trainer(variant: str, resolved, paths, workdir: Path, progress: float | None):
+@dataclass
+class Variant:
+    """A trainer, the warm-start weights it is reset to before each block, its step recorder, and the budget
+    progress its method's schedules see (None for TRL's own trainer, which has no budget)."""
+
+    name: str
+    trainer: object
+    pristine: dict
+    recorder: StepRecorder
+    progress: float | None
+
+
+def build_variant(variant: str, preset: str, args, progress: float | None) -> Variant:
+    """``variant`` = a method label or ``trl``, optionally ``+nogc``; its trainer built by the harness's factory."""
     import torch
-    from trl import GRPOTrainer
 
     from harness.config.schema import load_method
-    from harness.model.policy import load_policy
-    from harness.train.adapter import TargetedGRPOTrainer, grpo_config, reward_function
-    from harness.train.callbacks import BudgetCallback
-    from methods.registry import get_method_class
+    from harness.train.run import build_plain_trainer, build_trainer
 
-    preset = copy.deepcopy(resolved.preset)
-    preset.train.budget.kind, preset.train.budget.amount = "steps", 1e9  # never reached: no checkpoint, no stop
-    preset.train.budget.checkpoint_fractions = [1.0]
-    model, tokenizer = load_policy(model_dir_for(preset.name, paths), preset.model.dtype)
-    dataset = training_dataset(resolved, paths, tokenizer)
-    out_dir = workdir / "step_overhead" / variant.replace("+", "_")
+    label, _, option = variant.partition("+")
+    if option and option not in OPTIONS:
+        raise ValueError(f"unknown variant option {option!r} (known: {', '.join(OPTIONS)})")
+    overrides = [*args.set, *NEVER_REACHED_BUDGET, *OPTIONS.get(option, [])]
+    resolved, paths = sweep(preset, args.workdir, args.warmstart_steps, overrides)
+    out_dir = args.workdir / "step_overhead" / variant.replace("+", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = grpo_config(preset, out_dir, seed=0)
-    rewards = [reward_function(preset.train.reward, preset.eval.scoring_timeout_s)]
-    variant, _, option = variant.partition("+")
-    if option == "nogc":  # TRL's GRPOConfig turns activation (gradient) checkpointing on by default; this turns it off
-        args.gradient_checkpointing = args.activation_checkpointing = False
-    elif option:
-        raise ValueError(f"unknown variant option {option!r} (known: nogc)")
-    if variant == "trl":
-        args.loss_type, args.beta = "dapo", 0.0
-        trainer = GRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, reward_funcs=rewards,
-                              args=args)
+    if label == "trl":
+        trainer = build_plain_trainer(resolved, paths, 0, out_dir)
+        progress = None
     else:
-        spec = load_method(variant)
-        method = get_method_class(spec.name)(spec.params)
-        trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset,
-                                      reward_funcs=rewards, args=args, method=method, preset=preset, run_seed=0)
         metrics = out_dir / "metrics.jsonl"
         metrics.unlink(missing_ok=True)
-        trainer.add_callback(BudgetCallback(trainer, {}, metrics))
-        if progress is not None:  # budget progress seen by schedules (D3S): fixed, as at that point of a run
-            context = trainer.step_context
-            trainer.step_context = lambda: dataclasses.replace(context(), progress=progress)
-    pristine = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    torch.set_num_threads(preset.train.threads)
-    return trainer, pristine
+        trainer = build_trainer(resolved, load_method(label), 0, paths, out_dir, metrics_path=metrics)
+    pristine = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    torch.set_num_threads(resolved.preset.train.threads)
+    return Variant(variant, trainer, pristine, StepRecorder(trainer), progress)
 
 
-class StepRecorder:
-    """Callback + wrappers: wall/CPU seconds per step and per phase, the rollouts' lengths, ledger deltas."""
+class StepRecorder(TrainerCallback):
+    """Per step: wall/CPU seconds from the step's start to its log, per phase (``PhaseProbe``), the rollouts'
+    lengths and digest, the budget ledger's change and a few logged metrics. At each step's start torch's RNG is
+    seeded from (block, step), so every variant samples identical rollouts."""
 
-    def __init__(self, trainer, block_seed_fn):
-        from transformers import TrainerCallback
+    def __init__(self, trainer):
+        from harness.train.adapter import PhaseProbe
 
         self.trainer = trainer
+        self.probe = PhaseProbe(trainer)
+        self.block = 0
         self.steps: list[dict] = []
-        self._current: dict | None = None
         self._t0 = None
-        recorder = self
+        trainer.add_callback(self)
 
-        class _Callback(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                import torch
+    def seed(self, step: int) -> int:
+        return 7919 * (self.block + 1) + step
 
-                torch.manual_seed(block_seed_fn(state.global_step))  # identical rollouts in every variant
-                recorder._current = {"generation": [0.0, 0.0], "loss_forward": [0.0, 0.0], "lengths": []}
-                ledger = getattr(recorder.trainer, "ledger", None)
-                recorder._ledger0 = _ledger_snapshot(ledger)
-                recorder._t0 = (time.perf_counter(), time.process_time())
+    def on_step_begin(self, args, state, control, **kwargs):
+        import torch
 
-            def on_log(self, args, state, control, logs=None, **kwargs):
-                if recorder._current is None or not logs or "loss" not in logs:
-                    return
-                wall, cpu = time.perf_counter() - recorder._t0[0], time.process_time() - recorder._t0[1]
-                cur = recorder._current
-                record = {"wall": wall, "cpu": cpu, "generation_wall": cur["generation"][0],
-                          "generation_cpu": cur["generation"][1], "loss_forward_wall": cur["loss_forward"][0],
-                          "loss_forward_cpu": cur["loss_forward"][1], "completion_lengths": cur["lengths"],
-                          "rollouts_hash": hashlib.sha1(str(cur.get("ids_digest", "")).encode()).hexdigest()[:12]}
-                ledger = getattr(recorder.trainer, "ledger", None)
-                if ledger is not None:
-                    after = _ledger_snapshot(ledger)
-                    record["ledger"] = {k: after[k] - recorder._ledger0[k] for k in after}
-                for key in ("tokens/weighted_frac", "rollouts/kept_frac", "method/tokens_kept_frac",
-                            "method/forward_length_frac"):
-                    if key in logs:
-                        record[key] = logs[key]
-                recorder.steps.append(record)
-                recorder._current = None
+        torch.manual_seed(self.seed(state.global_step))  # identical rollouts in every variant
+        self.probe.reset()
+        self._ledger0 = _ledger_snapshot(getattr(self.trainer, "ledger", None))  # TRL's own trainer has none
+        self._t0 = (time.perf_counter(), time.process_time())
 
-        self.callback = _Callback()
-        trainer.add_callback(self.callback)
-        self._wrap("_generate_and_score_completions", "generation")
-        self._wrap("_compute_loss", "loss_forward")
-        rewards = trainer._calculate_rewards
-
-        def calculate_rewards(inputs, prompts, completions, completion_ids_list):
-            if self._current is not None:
-                self._current["lengths"] = [len(c) for c in completion_ids_list]
-                self._current["ids_digest"] = hashlib.sha1(repr(completion_ids_list).encode()).hexdigest()
-            return rewards(inputs, prompts, completions, completion_ids_list)
-
-        trainer._calculate_rewards = calculate_rewards
-
-    def _wrap(self, name: str, phase: str) -> None:
-        inner = getattr(self.trainer, name)
-
-        def timed(*args, **kwargs):
-            with Timer() as t:
-                out = inner(*args, **kwargs)
-            if self._current is not None:
-                self._current[phase][0] += t.wall
-                self._current[phase][1] += t.cpu
-            return out
-
-        setattr(self.trainer, name, timed)
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._t0 is None or not logs or "loss" not in logs:
+            return
+        wall, cpu = time.perf_counter() - self._t0[0], time.process_time() - self._t0[1]
+        seconds = self.probe.seconds
+        record = {"wall": wall, "cpu": cpu, "generation_wall": seconds["generation"]["wall"],
+                  "generation_cpu": seconds["generation"]["cpu"],
+                  "loss_forward_wall": seconds["loss_forward"]["wall"],
+                  "loss_forward_cpu": seconds["loss_forward"]["cpu"],
+                  "completion_lengths": self.probe.completion_lengths, "rollouts_hash": self.probe.rollouts_digest}
+        ledger = getattr(self.trainer, "ledger", None)
+        if ledger is not None:
+            after = _ledger_snapshot(ledger)
+            record["ledger"] = {k: after[k] - self._ledger0[k] for k in after}
+        for key in ("tokens/weighted_frac", "rollouts/kept_frac", "method/tokens_kept_frac",
+                    "method/forward_length_frac"):
+            if key in logs:
+                record[key] = logs[key]
+        self.steps.append(record)
+        self._t0 = None
 
 
 def _ledger_snapshot(ledger) -> dict:
@@ -181,19 +154,20 @@ def _ledger_snapshot(ledger) -> dict:
     return snap
 
 
-def run_block(trainer, pristine, recorder, block: int, steps: int) -> None:
+def run_block(variant: Variant, block: int, steps: int) -> None:
+    """``steps`` optimizer steps of one variant from the warm start, on the prompts of ``block``."""
     import torch
 
+    from harness.train.run import set_budget_progress, train_steps
+
+    trainer = variant.trainer
     with torch.no_grad():
         for name, tensor in trainer.model.state_dict().items():
-            tensor.copy_(pristine[name])
-    trainer.args.seed = trainer.args.data_seed = 1000 + block  # other prompts in every block, same in every variant
-    trainer.args.max_steps = steps
-    trainer.train()
-    # train() again in this process: TargetedGRPOTrainer.create_optimizer would wrap the already prepared optimizer's
-    # step in a plain function, which torch's LR scheduler cannot patch (AttributeError: no __func__). Reuse the
-    # optimizer as it is (transformers' own create_optimizer does the same once one exists).
-    trainer.create_optimizer = lambda model=None: trainer.optimizer
+            tensor.copy_(variant.pristine[name])
+    if variant.progress is not None:  # budget progress seen by schedules (D3S): fixed, as at that point of a run
+        set_budget_progress(trainer, variant.progress)
+    variant.recorder.block = block
+    train_steps(trainer, steps, data_seed=1000 + block)  # other prompts in every block, same in every variant
 
 
 def main(argv=None) -> dict:
@@ -207,45 +181,35 @@ def main(argv=None) -> dict:
                         help="budget progress seen by the methods' schedules (D3S keeps 75%% of rollouts and 60%% "
                              "of tokens at 0.5, the run average of its linear schedule)")
     parser.add_argument("--set", action="append", default=[], help="preset override, e.g. train.prompts_per_step=8")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument("--name", default=None, help="result name (default step_overhead_<preset>)")
     parser.add_argument("--render", type=Path, default=None,
-                        help="re-analyse a saved results/bench/step_overhead_*.json instead of measuring")
+                        help="re-analyse a saved <results>/step_overhead_*.json instead of measuring")
+    add_path_args(parser)
     args = parser.parse_args(argv)
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         record = analyse(saved["raw"], {"preset": saved["preset"], **saved["settings"]}, saved["environment"],
                          saved["elapsed_s"])
         name = args.render.stem
-        write_result(name, record)
-        update_summary(name, summary_markdown(record))
+        write_result(args.results, name, record)
+        update_summary(args.results, name, summary_markdown(record))
         print(summary_markdown(record))
         return record
     import torch  # noqa: F401  (import before the sweep helpers so the thread setting sticks)
 
     variants = [v for v in args.variants.split(",") if v]
     name = args.name or f"step_overhead_{args.preset}"
-    if args.preset == "tiny":
-        resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps, overrides=args.set)
-    else:
-        resolved, paths = smol_sweep(args.workdir, overrides=args.set)
-    env = environment()
-    trainers, recorders = {}, {}
-    for v in variants:
-        trainer, pristine = build_trainer(v, resolved, paths, args.workdir, args.progress)
-        current_block = {"b": 0}
-        recorders[v] = StepRecorder(trainer, lambda step, cb=current_block: 7919 * (cb["b"] + 1) + step)
-        trainers[v] = (trainer, pristine, current_block)
+    resolved, _ = sweep(args.preset, args.workdir, args.warmstart_steps, args.set)
+    env = environment(args.cpu_free_flag)
+    built = {v: build_variant(v, args.preset, args, args.progress) for v in variants}
     started = time.perf_counter()
     per_variant: dict[str, list[dict]] = {v: [] for v in variants}
     for block in range(args.blocks):
         order = variants if block % 2 == 0 else variants[::-1]
         for v in order:
-            trainer, pristine, current_block = trainers[v]
-            current_block["b"] = block
-            recorder = recorders[v]
+            recorder = built[v].recorder
             recorder.steps.clear()
-            run_block(trainer, pristine, recorder, block, args.steps)
+            run_block(built[v], block, args.steps)
             for i, rec in enumerate(recorder.steps):
                 per_variant[v].append({"block": block, "step": i, **rec})
         print(f"[bench] block {block + 1}/{args.blocks} done ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -259,8 +223,8 @@ def main(argv=None) -> dict:
                 "forward_chunk_rows": train.forward_chunk_rows, "stats_chunk_size": train.stats_chunk_size,
                 "learning_rate": train.learning_rate}
     record = analyse(per_variant, settings, env, time.perf_counter() - started)
-    write_result(name, record)
-    update_summary(name, summary_markdown(record))
+    write_result(args.results, name, record)
+    update_summary(args.results, name, summary_markdown(record))
     print(summary_markdown(record))
     return record
 
@@ -339,7 +303,7 @@ def summary_markdown(record: dict) -> str:
              f"{record['environment']['date']}; {s['prompts_per_step']} prompts x {s['num_generations']} rollouts, "
              f"max {s['max_completion_length']} tokens, {s['threads']} thread(s); {s['blocks'] - 1} measured blocks "
              f"x {s['steps_per_block']} step(s) per variant after 1 warm-up block; budget progress {s['progress']} "
-             f"for schedules; machine {'free' if record['environment']['cpu_free_flag'] else 'SHARED with a sweep'}.",
+             f"for schedules; machine {machine_state(record['environment'])}.",
              "", "Per-step seconds (median wall; generation = sampling + rewards + hooks, train = the rest):", ""]
     rows = []
     for v in s["variants"]:

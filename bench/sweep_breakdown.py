@@ -14,8 +14,8 @@ logs but no benchmark file, so they count for start-up only. Sweeps from before 
 Output: per rule jobs, total / mean / max seconds, CPU seconds, start-up CPU and wall seconds, max RSS; per method
 label for train and eval; the sum of job seconds against the elapsed time (how well the 2 cores were kept busy).
 
-Usage:  python bench/sweep_breakdown.py [--benchmarks /work/ci-clone/results/default/benchmarks]
-                                          [--log /tmp/sweep3.log] [--logs <benchmarks>/../logs]
+Usage:  python bench/sweep_breakdown.py [--benchmarks results/default/benchmarks] [--log SNAKEMAKE_LOG]
+        [--logs <benchmarks>/../logs] [--results DIR]
 """
 
 from __future__ import annotations
@@ -27,10 +27,17 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import environment, table, update_summary, write_result
+from _common import add_path_args, environment, table, update_summary, write_result
 
-DEFAULT_BENCHMARKS = Path("/work/ci-clone/results/default/benchmarks")
-DEFAULT_LOG = Path("/tmp/sweep3.log")
+from harness.config.paths import REPO_ROOT
+
+DEFAULT_BENCHMARKS = REPO_ROOT / "results" / "default" / "benchmarks"  # the default sweep's Snakemake benchmark files
+
+
+def newest_snakemake_log(root: Path = REPO_ROOT) -> Path | None:
+    """The newest ``.snakemake/log/*.snakemake.log`` under ``root`` (Snakemake writes one per invocation)."""
+    logs = sorted((root / ".snakemake" / "log").glob("*.snakemake.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1] if logs else None
 
 
 def _float(value: str | None) -> float | None:
@@ -139,28 +146,35 @@ def group(jobs: list[dict], key: str) -> dict[str, dict]:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--benchmarks", type=Path, default=DEFAULT_BENCHMARKS)
-    parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
+    parser.add_argument("--benchmarks", type=Path, default=DEFAULT_BENCHMARKS,
+                        help="the sweep's Snakemake benchmark folder (default: %(default)s)")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="the sweep's Snakemake log (default: the newest .snakemake/log/*.snakemake.log)")
     parser.add_argument("--logs", type=Path, help="the sweep's job logs (default: logs/ next to --benchmarks)")
     parser.add_argument("--name", default="sweep_breakdown")
+    add_path_args(parser, workdir=False)
     args = parser.parse_args(argv)
+    if not args.benchmarks.is_dir():
+        parser.error(f"--benchmarks {args.benchmarks}: no such folder (run a sweep first, or name its benchmarks)")
+    args.log = args.log or newest_snakemake_log()
     logs = args.logs or args.benchmarks.parent / "logs"
     jobs = read_benchmarks(args.benchmarks, logs)
-    log = read_log(args.log)
+    log = read_log(args.log) if args.log is not None else {"log": None, "exists": False}
     rules = group(jobs, "rule")
     by_label = {rule: group([j for j in jobs if j["rule"] == rule], "label") for rule in ("train", "eval")}
     job_seconds = sum(j["s"] for j in jobs if j["s"] is not None)
     startup_cpu = [j["startup_cpu_s"] for j in jobs if j.get("startup_cpu_s") is not None]
     startup_wall = [j["startup_wall_s"] for j in jobs if j.get("startup_wall_s") is not None]
     record = {"benchmark": "sweep_breakdown",
-              "settings": {"benchmarks": str(args.benchmarks), "log": str(args.log), "logs": str(logs)},
-              "environment": environment(), "log": log, "rules": rules, "by_label": by_label,
+              "settings": {"benchmarks": str(args.benchmarks), "log": str(args.log) if args.log else None,
+                           "logs": str(logs)},
+              "environment": environment(args.cpu_free_flag), "log": log, "rules": rules, "by_label": by_label,
               "job_seconds_total": job_seconds, "startup_jobs": len(startup_cpu),
               "startup_cpu_s_total": sum(startup_cpu) if startup_cpu else None,
               "startup_wall_s_total": sum(startup_wall) if startup_wall else None,
               "parallelism": job_seconds / log["elapsed_s"] if log.get("elapsed_s") else None, "jobs": jobs}
-    write_result(args.name, record)
-    update_summary(args.name, summary_markdown(record))
+    write_result(args.results, args.name, record)
+    update_summary(args.results, args.name, summary_markdown(record))
     print(summary_markdown(record))
     return record
 

@@ -3,11 +3,11 @@
 Variants, for completion lengths T (default 256, 1024, 4096) with a realistic vocabulary (V = 49152 and hidden
 H = 576, SmolLM2-135M's LM head):
 - ``chunked``: ``harness.train.token_statistics.token_statistics(hidden, lm_head, targets, (), chunk_size=256)``,
-logp only
-  (what the trainer asks for when a method needs no extra statistic), then ``logp.sum().backward()``;
+  logp only (what the trainer asks for when a method needs no extra statistic), then ``logp.sum().backward()``;
 - ``chunked+entropy``: the same with ``extras=("entropy",)``, what every method pays in training (entropy is
   logged for every method);
-- ``full``: ``log_softmax(hidden @ W.T)`` over the whole B x T x V tensor, gather, ``.sum().backward()``.
+- ``full``: ``log_softmax(hidden @ W.T)`` over the whole B x T x V tensor, gather, ``.sum().backward()``;
+- ``trl-kernel+entropy``: TRL's own fused LM head with entropy (``harness.train.adapter.trl_fused_log_probs``).
 
 One fresh subprocess per (variant, length): it allocates the inputs (hidden states with grad, the LM head, the
 targets), records its resident set size as the baseline, resets the kernel's peak-RSS mark (``VmHWM``, by writing
@@ -20,6 +20,7 @@ variants with chunk_size x V (about 50 MB per live chunk tensor) plus the (T x H
 flat in T.
 
 Usage:  python bench/tokenstats_memory.py [--lengths 256,1024,4096] [--vocab 49152] [--hidden 576] [--chunk 256]
+        [--results DIR]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 
 from _common import (
     Timer,
+    add_path_args,
     child_env,
     current_rss_bytes,
     environment,
@@ -66,13 +68,10 @@ def child(args) -> None:
         if args.variant == "full":
             logits = torch.nn.functional.linear(h, lm_head.weight).float()
             logp = torch.log_softmax(logits, dim=-1).gather(-1, t[..., None]).squeeze(-1)
-        elif args.variant == "trl-kernel+entropy":
-            # TRL 1.16's fused LM head (what GRPOTrainer itself uses): tiles of 4096 positions x trl_vocab_chunk
-            # vocabulary columns, online logsumexp, in-place fp32 gradient accumulation in backward
-            from trl.kernels import ChunkedLogProbFunction
+        elif args.variant == "trl-kernel+entropy":  # TRL 1.16's fused LM head, what GRPOTrainer itself uses
+            from harness.train.adapter import trl_fused_log_probs
 
-            logp = ChunkedLogProbFunction.apply(h.reshape(-1, h.shape[-1]), lm_head.weight, None, t.reshape(-1),
-                                                1.0, args.trl_vocab_chunk, None, 1.0, ("log_probs", "entropy"))[0]
+            logp = trl_fused_log_probs(h.reshape(-1, h.shape[-1]), lm_head.weight, t.reshape(-1), args.trl_vocab_chunk)
         else:
             extras = ("entropy",) if args.variant == "chunked+entropy" else ()
             logp = token_statistics(h, lm_head, t, extras, 1.0, args.chunk)["logp"]
@@ -122,13 +121,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--name", default="tokenstats_memory")
+    add_path_args(parser, workdir=False)
     args = parser.parse_args(argv)
     if args.child:
         child(args)
         return {}
     lengths = [int(x) for x in args.lengths.split(",") if x]
     variants = tuple(v for v in args.variants.split(",") if v)
-    env = environment()
+    env = environment(args.cpu_free_flag)
     raw, started = [], time.perf_counter()
     for repeat in range(args.repeats):
         for length in lengths:
@@ -142,8 +142,8 @@ def main(argv=None) -> dict:
                       f"{result['peak_above_baseline_ru_maxrss'] / MB:8.1f} MB (ru_maxrss), {result['wall_s']:.2f} s",
                       flush=True)
     record = analyse(raw, lengths, variants, args, env, time.perf_counter() - started)
-    write_result(args.name, record)
-    update_summary(args.name, summary_markdown(record))
+    write_result(args.results, args.name, record)
+    update_summary(args.results, args.name, summary_markdown(record))
     print(summary_markdown(record))
     return record
 

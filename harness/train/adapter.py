@@ -633,3 +633,15 @@ class PhaseProbe:
             return out
 
         return timed
+
+
+def trl_fused_log_probs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, targets: torch.Tensor,
+                        vocab_chunk: int) -> torch.Tensor:
+    """Log-probs (N,) of ``targets`` (N,) from hidden states (N, H) through TRL 1.16's fused LM head, with entropy
+    computed alongside as GRPOTrainer asks it to: tiles of 4096 positions x ``vocab_chunk`` vocabulary columns, an
+    online logsumexp, fp32 gradients accumulated in place in backward. The reference the harness's chunked token
+    statistics are measured against (bench/tokenstats_memory.py)."""
+    from trl.kernels import ChunkedLogProbFunction
+
+    return ChunkedLogProbFunction.apply(hidden, lm_head_weight, None, targets, 1.0, vocab_chunk, None, 1.0,
+                                        ("log_probs", "entropy"))[0]
