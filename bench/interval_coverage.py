@@ -20,6 +20,7 @@ benchmarks: "before" is the earlier percentile interval of the crossed Rao-Wu bo
 the crossed t interval now in ``harness.report.bootstrap``.
 
     python bench/interval_coverage.py            # ~1 minute on 2 cores; writes results/bench/interval_coverage.json
+                                                 # (--results DIR: elsewhere)
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from scipy import optimize
 from scipy.special import expit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, environment, table, update_summary, write_result  # noqa: E402
+from _common import add_path_args, environment, table, update_summary, write_result  # noqa: E402
 
+from harness.config.paths import REPO_ROOT  # noqa: E402
 from harness.report import bootstrap as stats  # noqa: E402
 
-EXAMPLE = REPO / "results" / "example"
+EXAMPLE = REPO_ROOT / "results" / "example"
 CKPT = "ckpt-100"
 K = 4
 SEEDS = (2, 3, 5)
@@ -152,6 +154,7 @@ def main(argv=None) -> int:
     parser.add_argument("--draws", type=int, default=2000, help="simulated sweeps per S and scenario")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the 'before' interval")
     parser.add_argument("--seed", type=int, default=16)
+    add_path_args(parser, workdir=False)
     args = parser.parse_args(argv)
     started = time.time()
     rng = np.random.default_rng(args.seed)
@@ -176,8 +179,9 @@ def main(argv=None) -> int:
     record = {"name": "interval_coverage", "settings": vars(args) | {"k": K, "seeds": SEEDS,
                                                                      "effect_logit": EFFECT_LOGIT,
                                                                      "effect_sd": EFFECT_SD},
-              "fits": fits, "coverage": results, "seconds": time.time() - started, "environment": environment()}
-    write_result("interval_coverage", record)
+              "fits": fits, "coverage": results, "seconds": time.time() - started,
+              "environment": environment(args.cpu_free_flag)}
+    write_result(args.results, "interval_coverage", record)
     fit_rows = [[b, f["n_problems"], f"{100 * f['avg@4']:.1f}", f"{100 * f['pass@4']:.1f}", f"{f['mu']:.2f}",
                  f"{f['sd_problem']:.2f}", f"{f['per_seed_sd_points_pooled_8_labels']:.2f} "
                  f"(A/A pair {f['per_seed_sd_points_from_aa_pair']:.2f})", f"{f['sd_seed']:.3f}"]
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
     body = (f"## Interval coverage (`bench/interval_coverage.py`, {args.draws} sweeps per row)\n\n"
             "Model fitted to results/example (ckpt-100):\n\n" + fit_table + "\n\nPaired-difference coverage of the "
             "95% interval:\n\n" + coverage_table + "\n")
-    update_summary("interval_coverage", body)
+    update_summary(args.results, "interval_coverage", body)
     print(body)
     print(f"{time.time() - started:.0f} s")
     return 0

@@ -108,6 +108,7 @@ class SweepPaths:
         return folder / rule / f"{name}{suffix}"
 
 
+
 def resolve_repo_path(path: str | Path) -> Path:
     """A path from a config file: absolute as given, relative to the checkout (REPO_ROOT) otherwise."""
     candidate = Path(path)
