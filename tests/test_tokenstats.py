@@ -84,7 +84,7 @@ def test_statistics_inside_the_model_forward_match_full_logits(tiny_model_dir, c
 
 @pytest.mark.parametrize("picked", ["some", "none"])
 def test_lm_head_only_at_given_positions(tiny_model_dir, picked):
-    from harness.model.policy import load_policy
+    from harness.model.checkpoints import load_policy
     from harness.train.token_statistics import model_token_statistics
 
     model, _ = load_policy(tiny_model_dir)
