@@ -1,6 +1,7 @@
 """`harness inspect`: the public batch format in, advantages/weights/keep/denominator out."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -93,3 +94,38 @@ def test_cli_unknown_method_lists_registered(tmp_path, capsys):
     assert main(["inspect", "gmtz", "--batch", str(source), "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err
     assert "unknown method 'gmtz'" in err and "uniform" in err
+
+
+LOSS_BATCH = {
+    "completion_ids": [[5, 6], [7, 8]], "completion_mask": [[1, 1], [1, 1]], "rewards": [1.0, 0.0],
+    "group_ids": [0, 0], "logp": [[math.log(0.5)] * 2] * 2, "entropy": [[1.0, 1.0]] * 2,
+    # rollout policy: row 0 had p = 0.25 (r = 2, A > 0: clipped high); row 1 p = 0.5 (r = 1) and p = 0.05 (r = 10)
+    "old_logp": [[math.log(0.25)] * 2, [math.log(0.5), math.log(0.05)]],
+}
+
+
+def test_the_loss_is_the_trainers_with_clip_high_and_dual_clip_by_hand(tmp_path):
+    a = 0.5 / (0.5**0.5 + 1e-6)  # group advantages +-a
+    out = run(tmp_path, batch={**LOSS_BATCH, "clip_ratio_c": 3.0})
+    # token losses: row 0: -a * 1.28 twice (clip high); row 1: +a * 1 (r = 1), then A < 0 at r = 10 > c: +a * 3
+    assert out["loss"] == pytest.approx((-2 * 1.28 * a + a + 3 * a) / 4, rel=1e-6)
+    assert out["clip_fraction"] == pytest.approx(3 / 4)
+    assert out["loss_metrics"]["clip_ratio/dual_mean"] == pytest.approx(1 / 4)
+    no_dual = run(tmp_path, batch=LOSS_BATCH)  # without dual-clip the r = 10 token pays -A r = 10 a
+    assert no_dual["loss"] == pytest.approx((-2 * 1.28 * a + a + 10 * a) / 4, rel=1e-6)
+    assert no_dual["clip_fraction"] == pytest.approx(2 / 4)
+
+
+def test_the_kl_term_by_hand_and_a_missing_reference_is_refused(tmp_path):
+    ref = [[math.log(0.25)] * 2] * 2  # log(pi_ref / pi_theta) = log 0.5 everywhere
+    batch = {**LOSS_BATCH, "old_logp": LOSS_BATCH["logp"], "ref_logp": ref, "beta": 0.1}
+    out = run(tmp_path, batch=batch)
+    k3 = 0.5 - math.log(0.5) - 1  # exp(x) - x - 1 at x = log 0.5
+    assert out["loss"] == pytest.approx(0.1 * k3, rel=1e-6)  # r = 1: the policy terms cancel (+-a, equal lengths)
+    k1 = run(tmp_path, batch={**batch, "kl_estimator": "k1"})
+    assert k1["loss"] == pytest.approx(0.1 * -math.log(0.5), rel=1e-6)  # logp - ref_logp = log 2
+    assert out["loss_metrics"]["kl"] == pytest.approx(k3, rel=1e-6)
+    with pytest.raises(ValueError, match="needs key 'ref_logp'"):
+        run(tmp_path, batch={**LOSS_BATCH, "beta": 0.1})
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        run(tmp_path, batch={**LOSS_BATCH, "clip_ratio_c": 1.0})

@@ -4,9 +4,13 @@ Input (B rollouts, T padded completion positions): ``completion_ids`` int[B][T],
 ``rewards`` float[B], ``group_ids`` int[B], ``logp`` float[B][T], ``entropy`` float[B][T], optional ``sum_p2``,
 ``old_logp`` (default: logp), ``ref_logp``, ``progress`` in [0, 1], ``seed``, ``special_token_ids``
 (default [151643], Qwen's <|endoftext|>, as the KTAE official code). Optional step settings: ``aggregation``,
-``scale_rewards``, ``clip_eps_low``, ``clip_eps_high``, ``beta``, ``max_completion_length`` (default T), ``step``.
+``scale_rewards``, ``clip_eps_low``, ``clip_eps_high``, ``beta`` (> 0 needs ``ref_logp``), ``max_completion_length``
+(default T), ``step``; loss settings: ``clip_ratio_c`` (dual-clip, default none), ``kl_estimator`` (default k3).
 
-Output: ``advantages`` float[B][T], ``weights`` float[B][T], ``keep`` 0/1[B], ``denominator``, ``metrics``.
+Output: ``advantages`` float[B][T], ``weights`` float[B][T], ``keep`` 0/1[B], ``denominator``, ``metrics``, and
+the policy loss of the batch exactly as the trainer computes it (``harness.train.hooks.loss_inputs_for`` and
+``harness.train.loss.loss_of_rows``: sum(w l) / D plus the KL term): ``loss``, ``clip_fraction`` (share of
+completion tokens whose gradient a clip removes: low, high or dual) and ``loss_metrics``.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from harness.config.paths import CONFIG_DIR
 from harness.config.schema import ConfigError, load_method, parse_overrides
 from harness.data.files import write_json_atomic
 from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
+from harness.train.loss import LossConfig
 from methods.base import STATISTICS, StepContext, TokenStats
 
 DEFAULT_SPECIAL_TOKEN_IDS = (151643,)
 STEP_KEYS = ("aggregation", "clip_eps_low", "clip_eps_high", "beta", "max_completion_length", "step")
+LOSS_KEYS = ("clip_ratio_c", "kl_estimator")
 
 
 def _tensor(batch: dict, key: str, source: Path, shape: tuple[int, ...] | None, dtype) -> torch.Tensor:
@@ -81,19 +87,23 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     progress = float(raw.get("progress", 0.0))
     if not 0.0 <= progress <= 1.0:
         raise ValueError(f"{batch_file}: key 'progress' must be in [0, 1], got {progress}")
-    step_settings = {k: raw[k] for k in STEP_KEYS if k in raw}
-    step_settings.update({k.removeprefix("ctx."): v for k, v in parse_overrides(
+    settings = {k: raw[k] for k in (*STEP_KEYS, *LOSS_KEYS) if k in raw}
+    settings.update({k.removeprefix("ctx."): v for k, v in parse_overrides(
         [o for o in overrides if o.startswith("ctx.")]).get("ctx", {}).items()})
-    unknown = set(step_settings) - set(STEP_KEYS)
+    unknown = set(settings) - set(STEP_KEYS) - set(LOSS_KEYS)
     if unknown:
-        raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(STEP_KEYS)}")
-    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
-                      **{"max_completion_length": T, **step_settings})
+        raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(STEP_KEYS + LOSS_KEYS)}")
+    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)), max_completion_length=T,
+                      **{k: v for k, v in settings.items() if k in STEP_KEYS})
+    loss_config = LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high, beta=ctx.beta,
+                             **{k: v for k, v in settings.items() if k in LOSS_KEYS})
     method = _method(label_or_name, overrides)
     # needs_at: needs (checked against STATISTICS when set) plus what a step setting adds (GMTS: ref_logp at beta > 0)
     missing = sorted(name for name in method.needs_at(ctx) if name not in optional)
     if missing:
         raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}")
+    if ctx.beta > 0 and "ref_logp" not in optional:
+        raise ValueError(f"{batch_file}: beta = {ctx.beta} > 0 needs key 'ref_logp' (the KL term's reference)")
     special = tuple(int(i) for i in raw.get("special_token_ids", DEFAULT_SPECIAL_TOKEN_IDS))
     batch = new_rollout_batch(ids, mask, rewards, group_ids, str(raw.get("scale_rewards", "group")), special)
 
@@ -105,8 +115,11 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
                           entropy=cut(optional.get("entropy")), sum_p2=cut(optional.get("sum_p2")),
                           ref_logp=cut(optional.get("ref_logp")))
 
-    result = run_hooks(method, batch, stats_for, ctx)
+    result = run_hooks(method, batch, stats_for, ctx, loss_config)
+    clipped = [f"clip_ratio/{region}_mean" for region in ("low", "high", "dual")]
     output = {"method": method.name, "advantages": result.advantages.tolist(), "weights": result.weights.tolist(),
-              "keep": result.keep.int().tolist(), "denominator": result.denominator, "metrics": result.metrics}
+              "keep": result.keep.int().tolist(), "denominator": result.denominator, "metrics": result.metrics,
+              "loss": result.loss, "clip_fraction": sum(result.loss_metrics[k] for k in clipped),
+              "loss_metrics": result.loss_metrics}
     write_json_atomic(out_file, output)
     return output

@@ -40,7 +40,7 @@ from harness.config.launch import per_device_rollouts
 from harness.config.schema import PresetConfig
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
-from harness.train.hooks import PreparedBatch, kl_weights_of, new_rollout_batch, prepare_batch, weigh_tokens
+from harness.train.hooks import PreparedBatch, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.row_chunks import RowChunk, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics
@@ -411,17 +411,9 @@ class TargetedGRPOTrainer(GRPOTrainer):
                                       reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx),
                                       loss_positions=positions)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
-        mask = batch.completion_mask
-        kl_weights, kl_denominator = kl_weights_of(result, batch, ctx)
-        computed = mask  # the tokens whose statistics exist: the metrics average over them
-        if positions is not None:
-            computed = mask * positions
-            weighted = (result.weights != 0) | ((kl_weights != 0) if ctx.beta > 0 else False)
-            if bool((weighted & ~positions).any()):
-                raise ValueError(f"method {self.method.name!r} weighs tokens outside its loss_positions")
-        loss_inputs = LossInputs(batch.advantages, computed, result.weights, result.denominator, kl_weights,
-                                 kl_denominator, old_logp=inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp"),
-                                 ref_logp=stats.ref_logp)
+        loss_inputs = loss_inputs_for(self.method, batch, result, ctx, positions,
+                                      old_logp=inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp"), ref_logp=stats.ref_logp)
+        mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
         config = self._loss_config(ctx)
         if in_chunks:
             loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows, positions)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.train.loss import LossConfig, LossInputs, loss_of_rows
 from methods.base import (
     Method,
     RolloutBatch,
@@ -89,21 +90,42 @@ def kl_weights_of(result: TokenWeights, batch: RolloutBatch, ctx: StepContext) -
 
 @dataclass
 class HookOutput:
-    """The inspect format: advantages (B, T), weights (B, T), keep (B,), denominator, plus the method's metrics."""
+    """The inspect format: advantages (B, T), weights (B, T), keep (B,), denominator, the method's metrics, and
+    (given a loss configuration) the policy loss of the batch with the loss's own metrics (clip fractions, kl)."""
 
     advantages: torch.Tensor
     weights: torch.Tensor
     keep: torch.Tensor
     denominator: float
     metrics: dict[str, float]
+    loss: float | None = None
+    loss_metrics: dict[str, float] | None = None
+
+
+def loss_inputs_for(method: Method, batch: RolloutBatch, result: TokenWeights, ctx: StepContext,
+                    positions: torch.Tensor | None, old_logp: torch.Tensor | None,
+                    ref_logp: torch.Tensor | None) -> LossInputs:
+    """What the loss of ``batch`` needs besides logp: the method's weights, the KL term's weights, and the tokens
+    whose statistics were computed (all completion tokens, or the method's ``loss_positions`` (B, T) bool)."""
+    kl_weights, kl_denominator = kl_weights_of(result, batch, ctx)
+    computed = batch.completion_mask
+    if positions is not None:
+        computed = computed * positions
+        weighted = (result.weights != 0) | ((kl_weights != 0) if ctx.beta > 0 else False)
+        if bool((weighted & ~positions).any()):
+            raise ValueError(f"method {method.name!r} weighs tokens outside its loss_positions")
+    return LossInputs(batch.advantages, computed, result.weights, result.denominator, kl_weights, kl_denominator,
+                      old_logp=old_logp, ref_logp=ref_logp)
 
 
 def run_hooks(method: Method, batch: RolloutBatch, stats_for: Callable[[PreparedBatch], TokenStats],
-              ctx: StepContext) -> HookOutput:
-    """All hooks on one batch; ``stats_for`` gives the statistics of the prepared (reduced) batch."""
+              ctx: StepContext, loss_config: LossConfig | None = None) -> HookOutput:
+    """All hooks on one batch; ``stats_for`` gives the statistics of the prepared (reduced) batch. With
+    ``loss_config``, also the loss the trainer would compute on it."""
     full_shape = batch.completion_mask.shape
     prepared = prepare_batch(method, batch, ctx)
-    result = weigh_tokens(method, stats_for(prepared), prepared, ctx)
+    stats = stats_for(prepared)
+    result = weigh_tokens(method, stats, prepared, ctx)
     advantages = torch.zeros(full_shape)
     weights = torch.zeros(full_shape)
     rows, length = prepared.rows, prepared.length
@@ -111,4 +133,10 @@ def run_hooks(method: Method, batch: RolloutBatch, stats_for: Callable[[Prepared
     weights[rows, :length] = result.weights.detach().float()
     keep = torch.zeros(full_shape[0], dtype=torch.bool)
     keep[rows] = True
-    return HookOutput(advantages, weights, keep, float(result.denominator), result.metrics)
+    output = HookOutput(advantages, weights, keep, float(result.denominator), result.metrics)
+    if loss_config is not None:
+        positions = method.loss_positions(prepared.batch, ctx)
+        inputs = loss_inputs_for(method, prepared.batch, result, ctx, positions, stats.old_logp, stats.ref_logp)
+        loss, loss_metrics = loss_of_rows(stats.logp, inputs, loss_config)
+        output.loss, output.loss_metrics = float(loss), {k: float(v) for k, v in loss_metrics.items()}
+    return output
