@@ -129,3 +129,11 @@ def test_the_kl_term_by_hand_and_a_missing_reference_is_refused(tmp_path):
         run(tmp_path, batch={**LOSS_BATCH, "beta": 0.1})
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
         run(tmp_path, batch={**LOSS_BATCH, "clip_ratio_c": 1.0})
+
+
+def test_step_settings_in_the_batch_and_on_the_command_line(tmp_path):
+    # a trainer's sample_batch.json carries max_completion_length; a ctx. override may set it too
+    seq = {**BATCH, "aggregation": "seq-mean-token-sum-norm", "max_completion_length": 8}
+    assert run(tmp_path, batch=seq)["denominator"] == pytest.approx(4 * 8)
+    assert run(tmp_path, batch=seq, overrides=["ctx.max_completion_length=5"])["denominator"] == pytest.approx(4 * 5)
+    assert run(tmp_path, batch={**BATCH, "aggregation": "seq-mean-token-sum-norm"})["denominator"] == 4 * 4  # T

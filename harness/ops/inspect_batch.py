@@ -93,8 +93,8 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     unknown = set(settings) - set(STEP_KEYS) - set(LOSS_KEYS)
     if unknown:
         raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(STEP_KEYS + LOSS_KEYS)}")
-    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)), max_completion_length=T,
-                      **{k: v for k, v in settings.items() if k in STEP_KEYS})
+    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
+                      **{"max_completion_length": T, **{k: v for k, v in settings.items() if k in STEP_KEYS}})
     loss_config = LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high, beta=ctx.beta,
                              **{k: v for k, v in settings.items() if k in LOSS_KEYS})
     method = _method(label_or_name, overrides)
