@@ -168,8 +168,12 @@ def test_hostile_completion_returns_within_timeout(name):
 
 
 def test_timeout_marks_the_item_and_the_batch_goes_on():
+    # The worker imports first (not timed here); then a boxed integer scores in ~2 ms and the megabyte of digits
+    # takes ~0.6 s on a fast 2-core machine (more on slower ones): a 0.1 s timeout separates them on any machine,
+    # where 1.0 s did not (the fast machine parsed the megabyte within it).
+    score_batch(["\\boxed{7}"], ["7"], "math_verify", TIMEOUT_S)
     scores = score_batch(["\\boxed{1}", HOSTILE["megabyte_of_digits"], "\\boxed{2}"], ["1", "5", "2"],
-                         "math_verify", 1.0)
+                         "math_verify", 0.1)
     assert [s.correct for s in scores] == [True, False, True]
     assert scores[1].timed_out and not scores[0].timed_out and not scores[2].timed_out
 
