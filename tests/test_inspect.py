@@ -137,3 +137,10 @@ def test_step_settings_in_the_batch_and_on_the_command_line(tmp_path):
     assert run(tmp_path, batch=seq)["denominator"] == pytest.approx(4 * 8)
     assert run(tmp_path, batch=seq, overrides=["ctx.max_completion_length=5"])["denominator"] == pytest.approx(4 * 5)
     assert run(tmp_path, batch={**BATCH, "aggregation": "seq-mean-token-sum-norm"})["denominator"] == 4 * 4  # T
+
+
+def test_a_malformed_batch_file_names_file_and_line(tmp_path):
+    source = tmp_path / "batch.json"
+    source.write_text('{"completion_ids": [[1]],\n "rewards": [1.0,\n')
+    with pytest.raises(ValueError, match=r"batch\.json:3: malformed JSON"):
+        inspect_batch("uniform", source, tmp_path / "out.json", [])

@@ -16,14 +16,13 @@ completion tokens whose gradient a clip removes: low, high or dual) and ``loss_m
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 
 from harness.config.paths import CONFIG_DIR
 from harness.config.schema import ConfigError, load_method, parse_overrides
-from harness.data.files import write_json_atomic
+from harness.data.files import read_json, write_json_atomic
 from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
 from harness.train.loss import LossConfig
 from methods.base import STATISTICS, StepContext, TokenStats
@@ -46,10 +45,7 @@ def _tensor(batch: dict, key: str, source: Path, shape: tuple[int, ...] | None, 
 
 
 def load_batch(source: Path) -> dict:
-    try:
-        batch = json.loads(source.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    batch = read_json(source)  # malformed JSON: DataFileError (a ValueError) naming file and line
     if not isinstance(batch, dict):
         raise ValueError(f"{source}: the top level must be an object")
     return batch
