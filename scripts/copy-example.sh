@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Copies a finished default sweep (results/default by default) to results/example/, the committed copy for reading:
+# the report, sweep.yaml, leaderboards and figures, every eval's results.json, each run's run.json and metrics.jsonl.
+# Not copied: per-problem samples (12 MB), checkpoints, logs, lm-eval's raw output.
+#   bash scripts/copy-example.sh [SWEEP_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:-results/default}
+[ -f "$src/report.html" ] || { echo "copy-example: $src/report.html missing: run the default sweep first" >&2; exit 1; }
+tmp=$(mktemp -d results/.example.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+(cd "$src" && { ls report.html sweep.yaml leaderboard*; find figures -type f; find eval -name results.json;
+  find runs -mindepth 3 -maxdepth 3 \( -name run.json -o -name metrics.jsonl \); } | xargs cp --parents -t "$OLDPWD/$tmp")
+rm -rf results/example
+mv "$tmp" results/example
+echo "copy-example: results/example from $src ($(find results/example -type f | wc -l) files)"
