@@ -38,12 +38,32 @@ def test_expected_variance_is_what_the_interval_estimates():
     estimated = [stats.crossed_variance({"b": d}) for d in crossed(rng, 4000, 3, 100, 0.02, 0.1, 0.2)]
     assert np.mean([v.seed for v in estimated]) == pytest.approx(expected.seed, rel=0.05)
     assert np.mean([v.problem for v in estimated]) == pytest.approx(expected.problem, rel=0.05)
+    assert np.mean([v.residual for v in estimated]) == pytest.approx(expected.residual, rel=0.01)
+    assert (expected.residual, expected.residual_df) == pytest.approx((0.2**2 / 300, 2 * 99))
+
+
+def test_power_without_a_floor_is_the_noncentral_t():
+    # seed part only (no problem or residual part): the verdict is the seed-level t test with 2 df, whose power at
+    # effect / se = 2 is the noncentral t's P(T_2(2) > t_{2, 0.975}) = 0.2180 (scipy.stats.nct).
+    seed_only = stats.CrossedVariance(0.01**2, 2, 0.0, 99)
+    critical = stats.scipy_stats.t.ppf(0.975, 2)
+    expected = stats.scipy_stats.nct.sf(critical, 2, 2.0)
+    assert power.power_at(0.02, seed_only) == pytest.approx(expected, abs=1e-9)
+    assert expected == pytest.approx(0.2180, abs=1e-4)
+    # a residual floor only widens the interval (the estimate must clear the wider of the two half-widths), so it
+    # never adds power; the floor-only case is the normal test, P(Z > 1.96 - 3) = 0.851
+    floored = power.power_at(0.02, stats.CrossedVariance(0.01**2, 2, 0.0, 99, 0.005**2, 500))
+    assert 0.9 * expected < floored < expected
+    floor_only = stats.CrossedVariance(0.0, 1, 0.0, 99, 0.01**2, 10**6)
+    assert power.power_at(0.03, floor_only) == pytest.approx(stats.scipy_stats.norm.sf(1.96 - 3), abs=1e-4)
 
 
 @pytest.mark.parametrize(("n_seeds", "sd_seed", "sd_problem"), [
     (2, 0.03, 0.0),  # seed part dominates: the seed-level t test with 1 df
     (3, 0.015, 0.1),  # both parts matter: the approximation between the two exact cases
     (5, 0.01, 0.05),
+    (2, 0.0, 0.0),  # no training randomness: the residual floor decides in ~12% of the sweeps
+    (3, 0.0, 0.05),
 ])
 def test_detectable_effect_has_the_stated_power_in_simulation(n_seeds, sd_seed, sd_problem):
     rng = np.random.default_rng(n_seeds)

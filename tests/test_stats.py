@@ -2,6 +2,8 @@
 probability
 of improvement, IQM, ties and ranks, and the coverage of the intervals on simulated sweeps (the calibration)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
@@ -66,13 +68,15 @@ def test_bootstrap_mean_equals_the_mean_of_the_resampled_matrix():
 
 def test_hand_computed_intervals():
     # Problems only: two seeds with equal rows (0.5), columns 0.2, 0.5, 0.8. MS_problem = 2 var(0.2, 0.5, 0.8) =
-    # 0.18, residuals +-0.1 and 0 -> MS_resid = 0.04 / 2 = 0.02; problem part (0.18 - 0.02) / (2 * 3) = 0.02667 with
-    # 2 df; seed part var(0.5, 0.5) / 2 = 0. Half-width t_{2, 0.975} sqrt(0.02667) = 4.303 * 0.1633 = 0.7027.
+    # 0.18, residuals +-0.1 and 0 -> MS_resid = 0.04 / 2 = 0.02 with (2-1)(3-1) = 2 df; problem part (0.18 - 0.02) /
+    # (2 * 3) = 0.02667 with 2 df; seed part var(0.5, 0.5) / 2 = 0, below the residual part 0.02 / 6 = 0.00333 (2 df),
+    # which takes its place. Half-width t_{2, 0.975} sqrt(0.02667 + 0.00333) = 4.303 * 0.1732 = 0.7453.
     x = np.array([[0.1, 0.5, 0.9], [0.3, 0.5, 0.7]])
     parts = stats.crossed_variance({"b": x})
     assert (parts.seed, parts.problem, parts.problem_df) == pytest.approx((0.0, 0.16 / 6, 2))
+    assert (parts.residual, parts.residual_df) == pytest.approx((0.02 / 6, 2))
     difference = stats.paired_difference(x, np.full_like(x, 0.5))
-    assert (difference.estimate, difference.low, difference.high) == pytest.approx((0.0, -0.7027, 0.7027), abs=1e-4)
+    assert (difference.estimate, difference.low, difference.high) == pytest.approx((0.0, -0.7453, 0.7453), abs=1e-4)
     # Seeds only: rows 0.1, 0.2, 0.3 on two identical problems: seed part var / 3 = 0.01 / 3 with 2 df, no problem
     # part; t_{2, 0.975} sqrt(0.01 / 3) = 0.2484 around 0.2.
     seeds = np.array([[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]])
@@ -81,8 +85,8 @@ def test_hand_computed_intervals():
     interval = stats.paired_difference(seeds, np.zeros_like(seeds))  # a difference may be negative: not clipped
     assert (interval.low, interval.high) == pytest.approx((0.2 - 0.2484, 0.2 + 0.2484), abs=1e-4)
     assert stats.mean_interval(seeds).low == 0.0  # a mean is clipped to [0, 1]
-    # Both parts: each with its own t quantile, added in quadrature.
-    both = stats.CrossedVariance(0.01, 2, 0.0004, 99)
+    # Both parts: each with its own t quantile, added in quadrature; a residual part below the seed part is no floor.
+    both = stats.CrossedVariance(0.01, 2, 0.0004, 99, 0.001, 198)
     expected = np.hypot(scipy_stats.t.ppf(0.975, 2) * 0.1, scipy_stats.t.ppf(0.975, 99) * 0.02)
     assert both.half_width(0.025) == pytest.approx(expected)
     # clipped to the range of a score; a constant matrix has a zero-width interval
@@ -90,6 +94,33 @@ def test_hand_computed_intervals():
             stats.mean_interval(np.array([[0.0] * 5, [1.0] * 5])).high) == (0.0, 1.0)
     interval = stats.mean_interval(np.full((3, 4), 0.25))
     assert (interval.low, interval.high) == pytest.approx((0.25, 0.25))
+
+
+def test_two_seeds_that_agree_do_not_collapse_the_interval():
+    # Seeds 0.1 0.3 0.2 and 0.3 0.1 0.2: equal rows (0.2) and equal columns (0.2), so MS_seed = MS_problem = 0; the
+    # residuals are +-0.1 and 0, MS_resid = 0.04 / ((2-1)(3-1)) = 0.02. The seed part var_s / S = 0 would make the
+    # interval a point; its floor, the residual part 0.02 / (2 * 3) = 0.003333 with 2 df, gives the half-width
+    # t_{2, 0.975} sqrt(0.003333) = 4.3027 * 0.057735 = 0.24842.
+    x = np.array([[0.1, 0.3, 0.2], [0.3, 0.1, 0.2]])
+    parts = stats.crossed_variance({"b": x})
+    assert (parts.seed, parts.problem, parts.residual, parts.residual_df) == pytest.approx((0.0, 0.0, 0.02 / 6, 2))
+    interval = stats.paired_difference(x, np.zeros_like(x))
+    assert (interval.estimate, interval.low, interval.high) == pytest.approx((0.2, 0.2 - 0.24842, 0.2 + 0.24842),
+                                                                             abs=1e-5)
+    # read backwards: 0 lies 0.2 = 3.4641 residual standard errors below the estimate, p = P(t_2 > 3.4641) = 0.0371
+    assert stats.p_value(interval, 0.0) == pytest.approx(scipy_stats.t.sf(0.2 / np.sqrt(0.02 / 6), 2))
+    assert stats.p_value(interval, 0.0) == pytest.approx(0.0371, abs=1e-4)
+    # Seeds far apart (rows 0.8 and 0.2, the residuals +-0.05 and 0): the seed part var(0.8, 0.2) / 2 = 0.09 with
+    # 1 df is above the floor 0.005 / 6, so the half-width is the seed-level t_{1, 0.975} * 0.3 = 3.8119.
+    apart = stats.crossed_variance({"b": np.array([[0.8, 0.8, 0.8], [0.1, 0.3, 0.2]])})
+    assert (apart.seed, apart.problem, apart.residual) == pytest.approx((0.09, 0.0, 0.005 / 6))
+    assert apart.half_width(0.025) == pytest.approx(3.8119, abs=1e-4)
+    # Over both benchmarks (weights 1/2): residual (0.02 / 6 + 0.02 / 6) / 4, df min(2, 2); the benchmark-averaged
+    # rows (0.35, 0.35) agree, so the seed part is 0 and the floor holds.
+    both = stats.crossed_variance({"a": x, "b": np.array([[0.1, 0.5, 0.9], [0.3, 0.5, 0.7]])})
+    assert (both.seed, both.problem, both.residual, both.residual_df) == pytest.approx(
+        (0.0, 0.16 / 6 / 4, 0.04 / 6 / 4, 2))
+    assert both.half_width(0.025) == pytest.approx(scipy_stats.t.ppf(0.975, 2) * np.sqrt(0.2 / 6 / 4))
 
 
 def test_aggregate_interval_shares_the_seeds_across_benchmarks():
@@ -270,14 +301,36 @@ def test_one_seed_cannot_see_training_randomness():
     assert covered([stats.paired_difference(a, b) for a, b in zip(first, second, strict=True)], 0.0) < 0.8
 
 
+def test_two_seeds_agreeing_by_chance_no_longer_collapse_the_interval():
+    # An A/A pair without training randomness (seed sd 0): the seeds' means agree up to the seed x problem residual,
+    # and with 2 seeds the seed part (1 df) falls below the residual part's t_{(S-1)(P-1)} half-width in ~12% of the
+    # sweeps (chi2_1 < (1.97 / 12.7)^2 = 0.024). There the old seed-level interval covered ~70% (measured 0.68-0.71
+    # on 3 generator seeds); the floor brings those sweeps back to ~95% (0.96-0.98), and the whole to 0.994-0.997
+    # (the price of never collapsing, README 'Intervals, verdicts and power').
+    rng = np.random.default_rng(11)
+    first, difficulty = simulate(rng, 1000, 2, PROBLEMS, K, MU, SD_PROBLEM, 0.0)
+    second, _ = simulate(rng, 1000, 2, PROBLEMS, K, MU, SD_PROBLEM, 0.0, difficulty)
+    differences = [stats.paired_difference(a, b) for a, b in zip(first, second, strict=True)]
+    seed_level = np.array([dataclasses.replace(d.variance, residual=0.0).half_width(0.025) for d in differences])
+    floor = np.array([dataclasses.replace(d.variance, seed=0.0).half_width(0.025) for d in differences])
+    estimates = np.array([d.estimate for d in differences])
+    collapsed = seed_level < floor
+    assert 0.07 <= collapsed.mean() <= 0.17, collapsed.mean()
+    assert np.mean(np.abs(estimates[collapsed]) <= seed_level[collapsed]) < 0.8  # the old interval there
+    assert np.all([d.high - d.low >= 2 * f - 1e-12 for d, f in zip(differences, floor, strict=True)])
+    assert np.mean([d.covers(0.0) for d in np.array(differences)[collapsed]]) >= 0.9
+    assert covered(differences, 0.0) <= 0.999
+
+
 # --- robustness: verdicts on resampled seeds flip as often as the stated coverage allows ---------------------------
 
 # A fixture population of 400 seeds per label of an A/A pair on 100 shared problems, with a seed spread that
 # dominates the problem sampling (sd 0.6 on the logit scale, 3x the default sweep's: the regime where few seeds are
 # hardest). Each replicate draws S seeds of each label without replacement and reruns the verdict; a verdict
 # "flips" when the interval misses the population's own difference. At 95% coverage the flip rate is 5%: with 400
-# replicates the test allows 5% + 3 standard errors (8.3%). Measured: 4.5% / 5.0% / 6.3% at S = 2 / 3 / 5; the earlier
-# percentile bootstrap flips 23% / 12.5% / 9%.
+# replicates the test allows 5% + 3 standard errors (8.3%). Measured: 4.25% / 5.0% / 6.25% at S = 2 / 3 / 5 (the t
+# interval without the residual floor: 4.5% / 5.0% / 6.25%; here the seed part is rarely below the floor); the
+# earlier percentile bootstrap flips 23% / 12.5% / 9%.
 POPULATION, REPLICATES, FLIP_TOLERANCE = 400, 400, 0.05 + 3 * np.sqrt(0.05 * 0.95 / 400)
 
 

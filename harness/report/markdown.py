@@ -39,7 +39,8 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
             f"{budget.amount:g}, compared at each checkpoint fraction. Seeds: {len(evidence.seeds)} "
             f"({', '.join(map(str, evidence.seeds))}); problems: {problems}. "
             f"Intervals of means and Δ: 95% t intervals over seeds and problems (the seed part with S - 1 degrees of "
-            f"freedom, the problem part with P - 1, README 'Reading the results'); IQM and P(X > Y): 95% percentile "
+            f"freedom, never narrower than the seed x problem residual with (S - 1)(P - 1), the problem part with "
+            f"P - 1, README 'Intervals, verdicts and power'); IQM and P(X > Y): 95% percentile "
             f"bootstrap ({n_resamples} resamples), seeds and problems resampled (problems within each benchmark). ")
     if evidence.baseline is None:
         note += ("This sweep has no `uniform` label, so there is no baseline: the Δ, P and verdict columns are "

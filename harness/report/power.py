@@ -13,14 +13,17 @@ so that, with the same benchmarks, a sweep of S seeds has
 
     V(S) = sigma_A^2 / S + sum_b w^2 (sigma_b,b^2 / P_b + sigma_e,b^2 / (S P_b)),
 
-split into the seed part (sigma_A^2 + sum_b w^2 sigma_e,b^2 / P_b) / S and the problem part, as the interval splits
-it. The verdict "reproduced" is "the 95% interval excludes 0 on the claimed side"; its power at a true effect delta
-is ``power_at`` (a noncentral t), and the minimum detectable effect (MDE) is the delta where that reaches 80%.
-tests/test_power.py checks the formula against simulated sweeps.
+split as the interval splits it: the seed part (sigma_A^2 + sum_b w^2 sigma_e,b^2 / P_b) / S with S - 1 degrees of
+freedom, the problem part, and the residual part sum_b w^2 sigma_e,b^2 / (S P_b) with (S - 1)(P - 1), the floor under
+the seed part. The verdict "reproduced" is "the 95% interval excludes 0 on the claimed side"; its power at a true
+effect delta is ``power_at`` (the estimate against the wider of the seed-level half-width, random with the seed
+part's few degrees of freedom, and the residual floor), and the minimum detectable effect (MDE) is the delta where
+that reaches 80%. tests/test_power.py checks the formula against simulated sweeps.
 
 Only per-seed accuracies (``results.json``, no ``samples.jsonl``, as in the committed results/example/): the
 per-seed rows give var_s(R_s) but not its split into seed and problem-level parts, so sigma_A^2 = var_s(R_s) at the
-pilot's problem counts and the problem term is taken as 0. For an A/A pair (two labels of one method) the problem
+pilot's problem counts and the problem and residual terms are taken as 0 (no floor: the power of the earlier,
+seed-level interval). For an A/A pair (two labels of one method) the problem
 term is 0 in expectation anyway; for a method whose effect varies across problems it is a floor that more seeds
 do not lower, which this path cannot see.
 """
@@ -41,6 +44,8 @@ from scipy import stats as scipy_stats
 from harness.report import bootstrap as stats
 
 POWER = 0.80
+TAIL = 12.0  # power_at integrates the standard normal over [-TAIL, TAIL] ...
+NODES, WEIGHTS = np.polynomial.legendre.leggauss(200)  # ... with 200 Gauss-Legendre nodes (error < 1e-9, tested)
 MAX_SEEDS = 200  # ``seeds_needed`` gives up beyond this (the problem term alone may never get there)
 
 
@@ -98,29 +103,48 @@ def components_from_seed_means(rows: Mapping[str, np.ndarray], n_problems: Mappi
 
 
 def mean_variance(components: VarianceComponents, n_seeds: int) -> stats.CrossedVariance:
-    """The expected seed and problem parts of the variance of the benchmark-averaged paired difference with
-    ``n_seeds`` seeds (what ``bootstrap.crossed_variance`` estimates from such a sweep)."""
+    """The expected seed, problem and residual parts of the variance of the benchmark-averaged paired difference
+    with ``n_seeds`` seeds (what ``bootstrap.crossed_variance`` estimates from such a sweep)."""
     w = components.weight
     residual = sum(w**2 * components.residual[b] / n for b, n in components.n_problems.items())
     problem = sum(w**2 * components.problem[b] / n for b, n in components.n_problems.items())
+    fewest = min(components.n_problems.values())
     return stats.CrossedVariance((components.seed + residual) / n_seeds, max(n_seeds - 1, 1), problem,
-                                 max(1, min(components.n_problems.values()) - 1))
+                                 max(1, fewest - 1), residual / n_seeds, max(1, (n_seeds - 1) * (fewest - 1)))
 
 
 def power_at(effect: float, variance: stats.CrossedVariance, confidence: float = stats.CONFIDENCE) -> float:
     """P(the interval's low end > 0) at a true paired effect ``effect`` > 0.
 
-    The interval's half-width in units of the total standard error is c = half_width / sqrt(V); the estimate over
-    its estimated standard error is taken as noncentral t with the Satterthwaite degrees of freedom of the two parts,
-    nu = V^2 / (seed^2 / (S - 1) + problem^2 / (P - 1)): exact when either part dominates (a seed-level t test, or
-    the normal test over problems), an approximation between, checked by simulation in tests/test_power.py.
+    In units of the standard error sqrt(V): the estimate is N(effect, 1); the seed-level half-width is c sqrt(X)
+    with c = its value at the expected parts and X ~ chi2_nu / nu, nu the Satterthwaite degrees of freedom of the
+    seed and problem parts, V^2 / (seed^2 / (S - 1) + problem^2 / (P - 1)); the residual floor f is taken as known
+    (it has (S - 1)(P - 1) degrees of freedom). So, with n = effect / sqrt(V),
+
+        power = P(Z + n > max(c sqrt(X), f)) = integral over z > f - n of phi(z) F_nu(nu (n + z)^2 / c^2) dz,
+
+    which without a floor (f = 0) is the noncentral t's P(T_nu(n) > c): exact when the seed part dominates (a
+    seed-level t test) or the problem part does (the normal test over problems), an approximation between, checked
+    by simulation in tests/test_power.py.
     """
     total = variance.total
     if total <= 0:
         return 1.0 if effect > 0 else 0.0
-    critical = variance.half_width((1 - confidence) / 2) / math.sqrt(total)
-    df = total**2 / (variance.seed**2 / variance.seed_df + variance.problem**2 / variance.problem_df)
-    return float(scipy_stats.nct.sf(critical, df, effect / math.sqrt(total)))
+    level = (1 - confidence) / 2
+    scale = math.sqrt(total)
+    shift = effect / scale
+    floor = dataclasses.replace(variance, seed=0.0).half_width(level) / scale
+    if variance.seed + variance.problem <= 0:
+        return float(scipy_stats.norm.sf(floor - shift))
+    critical = dataclasses.replace(variance, residual=0.0).half_width(level) / scale
+    df = (variance.seed + variance.problem) ** 2 / (variance.seed**2 / variance.seed_df
+                                                    + variance.problem**2 / variance.problem_df)
+    low = max(floor - shift, -TAIL)  # phi beyond +-TAIL is below 1e-30
+    if low >= TAIL:
+        return 0.0
+    z = low + (TAIL - low) * (NODES + 1) / 2  # Gauss-Legendre on [low, TAIL]: smooth integrand, one vector call
+    values = scipy_stats.norm.pdf(z) * scipy_stats.chi2.cdf(df * (shift + z) ** 2 / critical**2, df)
+    return float(min(1.0, (TAIL - low) / 2 * np.dot(WEIGHTS, values)))
 
 
 def detectable_effect(components: VarianceComponents, n_seeds: int, power: float = POWER,
