@@ -13,13 +13,16 @@ committed, so only the per-seed results.json):
 Scenarios, each a pair of labels on the same problems with independent seeds (as the A/A pair's seed_offset):
 ``aa`` (identical methods: the true difference is 0) and ``effect`` (the method adds delta_p ~ N(0.15, 0.3^2) on the
 logit scale, a gain that varies across problems; the true difference is its expectation over problems and seeds).
-A third scenario repeats ``aa`` with the seed sd 3x the fitted one (training randomness dominating the problem
-sampling), where the old interval's missing Student tails show most. For S = 2, 3, 5 seeds and N_DRAWS simulated
-sweeps each, the coverage of the 95% interval of the paired difference per benchmark and for the mean over
-benchmarks: "before" is the earlier percentile interval of the crossed Rao-Wu bootstrap (1000 resamples), "after"
-the crossed t interval now in ``harness.report.bootstrap``.
+``aa`` is repeated with the seed sd 3x the fitted one (training randomness dominating the problem sampling), 1/3 of
+it and 0 (the seed x problem residual dominating, so that two seeds' means often agree by chance: where the earlier
+t interval collapsed). For S = 2, 3, 5 seeds and N_DRAWS simulated sweeps each, per benchmark and for the mean over
+benchmarks: the coverage and mean half-width of the 95% paired-difference interval under each rule weighed in
+``harness.report.bootstrap`` (its module docstring): the percentile interval of the crossed Rao-Wu bootstrap (1000
+resamples), the earlier t interval (seed part at t_{S-1}), the split rule (seed excess over the residual at t_{S-1},
+residual at t_{(S-1)(P-1)}), the standard estimator with Satterthwaite's degrees of freedom floored at the residual
+part, and the interval now shipped; and the coverage among the draws where the earlier t interval collapsed.
 
-    python bench/interval_coverage.py            # ~1 minute on 2 cores; writes results/bench/interval_coverage.json
+    python bench/interval_coverage.py            # ~3 minutes on 2 cores; writes results/bench/interval_coverage.json
                                                  # (--results DIR: elsewhere)
 """
 
@@ -46,7 +49,9 @@ CKPT = "ckpt-100"
 K = 4
 SEEDS = (2, 3, 5)
 EFFECT_LOGIT, EFFECT_SD = 0.15, 0.3
-LARGE_SEED_SCALE = 3.0  # a third scenario: the A/A pair with a seed spread 3x the example's
+# (scenario, seed sd as a multiple of the fitted one): the example's spread, 3x it (training randomness dominating),
+# a third of it and none at all (the residual dominating: two seeds' means often agree by chance)
+SCENARIOS = (("aa", 1.0), ("effect", 1.0), ("aa", 3.0), ("aa", 1 / 3), ("aa", 0.0))
 NODES, WEIGHTS = np.polynomial.hermite_e.hermegauss(80)
 WEIGHTS = WEIGHTS / np.sqrt(2 * np.pi)
 
@@ -121,8 +126,57 @@ def simulate_pair(rng, fits, n_seeds, n_draws, scenario, seed_scale=1.0):
     return data, truth
 
 
+def mean_squares(diffs, benches):
+    """Vectorised over draws, for the mean over ``benches`` of (n, S, P_b) differences: the seed part var_s(R_s) / S
+    and, per benchmark, (w^2 MS_problem / (S P), w^2 MS_resid / (S P), P - 1, (S - 1)(P - 1))."""
+    w = 1.0 / len(benches)
+    n_seeds = diffs[benches[0]].shape[1]
+    rows = np.mean([diffs[b].mean(axis=2) for b in benches], axis=0)  # (n, S)
+    seed = rows.var(axis=1, ddof=1) / n_seeds
+    per_bench = []
+    for b in benches:
+        x = diffs[b]
+        n_problems = x.shape[2]
+        columns = x.mean(axis=1)
+        cells = x - x.mean(axis=2, keepdims=True) - columns[:, None, :] + x.mean(axis=(1, 2))[:, None, None]
+        df_resid = (n_seeds - 1) * (n_problems - 1)
+        scale = w**2 / (n_seeds * n_problems)
+        per_bench.append((scale * n_seeds * columns.var(axis=1, ddof=1),
+                          scale * (cells**2).sum(axis=(1, 2)) / df_resid, n_problems - 1, df_resid))
+    return seed, per_bench
+
+
+def candidate_half_widths(seed, per_bench, n_seeds):
+    """Half-widths (n,) of the rules weighed against each other (the module docstring of harness.report.bootstrap):
+    'old t' (seed part MS_seed / (S P) at t_{S-1}, problem part at t_{P-1}, in quadrature), 'split' (the seed excess
+    max(0, seed - residual) at t_{S-1}, the residual at t_{(S-1)(P-1)}, the problem part, in quadrature) and
+    'Satterthwaite' ((MS_seed + MS_problem - MS_resid) / (S P) with Satterthwaite's df, floored at the residual part
+    with its own df)."""
+    t = stats.scipy_stats.t.ppf
+    problem = sum(np.maximum(0.0, p - r) for p, r, _, _ in per_bench)
+    residual = sum(r for _, r, _, _ in per_bench)
+    df_problem = min(d for _, _, d, _ in per_bench)
+    df_resid = min(d for _, _, _, d in per_bench)
+    old = np.sqrt(t(0.975, n_seeds - 1) ** 2 * seed + t(0.975, df_problem) ** 2 * problem)
+    split = np.sqrt(t(0.975, n_seeds - 1) ** 2 * np.maximum(0.0, seed - residual) + t(0.975, df_resid) ** 2 * residual
+                    + t(0.975, df_problem) ** 2 * problem)
+    linear = seed + sum(p - r for p, r, _, _ in per_bench)
+    df_linear = linear**2 / (seed**2 / (n_seeds - 1) + sum(p**2 / dp + r**2 / dr for p, r, dp, dr in per_bench))
+    floored = linear < residual
+    satterthwaite = np.where(floored, t(0.975, df_resid) * np.sqrt(residual),
+                             t(0.975, np.where(floored, 1.0, df_linear)) * np.sqrt(np.maximum(linear, residual)))
+    # where the old interval collapsed: narrower than the residual part alone implies
+    collapsed = t(0.975, n_seeds - 1) ** 2 * seed < t(0.975, df_resid) ** 2 * residual
+    return {"old t": old, "split": split, "Satterthwaite": satterthwaite}, collapsed
+
+
+RULES = ("bootstrap", "old t", "split", "Satterthwaite", "new")
+
+
 def coverage(data, truth, n_seeds, n_resamples, seed):
-    """Coverage and median half-width (points) of both intervals, per benchmark and for the mean."""
+    """Per benchmark and for the mean: coverage and mean half-width (points) of each rule, and coverage among the
+    draws where the old t interval collapsed (its seed part at t_{S-1} below the residual part at t_{(S-1)(P-1)}:
+    two seeds' means that agree by chance)."""
     benches = sorted(data)
     n_draws = data[benches[0]][0].shape[0]
     plan = stats.make_plan(n_seeds, {b: data[b][0].shape[2] for b in benches}, n_resamples, seed)
@@ -132,27 +186,37 @@ def coverage(data, truth, n_seeds, n_resamples, seed):
     truth = {**truth, "mean": float(np.mean([truth[b] for b in benches]))}
     out = {}
     for scope in [*benches, "mean"]:
-        low, high = stats.percentile_bounds(replicates[scope])
-        before = (low <= truth[scope]) & (truth[scope] <= high)
         chosen = benches if scope == "mean" else [scope]
-        after, widths = np.empty(n_draws, dtype=bool), np.empty(n_draws)
-        for i in range(n_draws):
+        estimates = np.mean([diffs[b].mean(axis=(1, 2)) for b in chosen], axis=0)
+        low, high = stats.percentile_bounds(replicates[scope])
+        halves, collapsed = candidate_half_widths(*mean_squares(diffs, chosen), n_seeds)
+        halves = {"bootstrap": (high - low) / 2, **halves}
+        covers = {"bootstrap": (low <= truth[scope]) & (truth[scope] <= high)}
+        for rule, half in halves.items():
+            if rule != "bootstrap":
+                covers[rule] = np.abs(estimates - truth[scope]) <= half
+        new_covers, new_halves = np.empty(n_draws, dtype=bool), np.empty(n_draws)
+        for i in range(n_draws):  # the interval the harness ships, draw by draw
             variance = stats.crossed_variance({b: diffs[b][i] for b in chosen})
-            estimate = float(np.mean([diffs[b][i].mean() for b in chosen]))
-            interval = stats.t_interval(estimate, variance, bounds=stats.DIFFERENCE_RANGE)
-            after[i] = interval.covers(truth[scope])
-            widths[i] = (interval.high - interval.low) / 2
-        out[scope] = {"truth_points": 100 * truth[scope],
-                      "before": float(before.mean()), "after": float(after.mean()),
-                      "before_half_width_points": float(100 * np.median((high - low) / 2)),
-                      "after_half_width_points": float(100 * np.median(widths))}
+            interval = stats.t_interval(float(estimates[i]), variance)
+            new_covers[i], new_halves[i] = interval.covers(truth[scope]), (interval.high - interval.low) / 2
+        covers["new"], halves["new"] = new_covers, new_halves
+        seed, per_bench = mean_squares(diffs, chosen)
+        out[scope] = {"truth_points": 100 * truth[scope], "collapsed_share": float(collapsed.mean()),
+                      # E[seed part] / E[residual part] = 1 + P sigma_seed^2 / sigma_resid^2: 1 without training
+                      # randomness, large where it dominates
+                      "seed_to_residual": float(seed.mean() / sum(r for _, r, _, _ in per_bench).mean()),
+                      "coverage": {r: float(covers[r].mean()) for r in RULES},
+                      "coverage_when_collapsed": {r: float(covers[r][collapsed].mean()) if collapsed.any() else None
+                                                  for r in RULES},
+                      "mean_half_width_points": {r: float(100 * halves[r].mean()) for r in RULES}}
     return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=2000, help="simulated sweeps per S and scenario")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples of the 'before' interval")
+    parser.add_argument("--resamples", type=int, default=1000, help="resamples of the (earlier) bootstrap interval")
     parser.add_argument("--seed", type=int, default=16)
     add_path_args(parser, workdir=False)
     args = parser.parse_args(argv)
@@ -171,10 +235,10 @@ def main(argv=None) -> int:
                        "per_seed_sd_points_pooled_8_labels": 100 * pooled**0.5,
                        "per_seed_sd_points_from_aa_pair": 100 * aa**0.5}
     results = {}
-    for scenario, scale in (("aa", 1.0), ("effect", 1.0), ("aa", LARGE_SEED_SCALE)):
+    for scenario, scale in SCENARIOS:
         for n_seeds in SEEDS:
             data, truth = simulate_pair(rng, fits, n_seeds, args.draws, scenario, scale)
-            name = scenario if scale == 1.0 else f"{scenario}, seed sd x{scale:g}"
+            name = scenario if scale == 1.0 else f"{scenario}, seed sd x{scale:.2g}"
             results[f"{name}/S={n_seeds}"] = coverage(data, truth, n_seeds, args.resamples, args.seed + n_seeds)
     record = {"name": "interval_coverage", "settings": vars(args) | {"k": K, "seeds": SEEDS,
                                                                      "effect_logit": EFFECT_LOGIT,
@@ -191,13 +255,21 @@ def main(argv=None) -> int:
     rows = []
     for key, per_scope in results.items():
         for scope, c in per_scope.items():
-            rows.append([key, scope, f"{c['truth_points']:+.2f}", f"{c['before']:.3f}", f"{c['after']:.3f}",
-                         f"{c['before_half_width_points']:.1f}", f"{c['after_half_width_points']:.1f}"])
-    coverage_table = table(["scenario/S", "scope", "true Δ, pts", "coverage before (bootstrap)",
-                            "coverage after (t)", "half-width before, pts", "half-width after, pts"], rows)
+            collapsed = c["coverage_when_collapsed"]
+            rows.append([key, scope, f"{c['truth_points']:+.2f}", f"{c['seed_to_residual']:.1f}",
+                         *(f"{c['coverage'][r]:.3f}" for r in RULES),
+                         f"{c['collapsed_share']:.2f}: " + " / ".join(
+                             "-" if collapsed[r] is None else f"{collapsed[r]:.2f}" for r in ("old t", "new")),
+                         *(f"{c['mean_half_width_points'][r]:.1f}" for r in ("old t", "split", "new"))])
+    coverage_table = table(["scenario/S", "scope", "true Δ, pts", "seed / residual part",
+                            *(f"coverage {r}" for r in RULES), "old t collapsed: share, coverage old t / new",
+                            "mean half-width old t, pts", "split", "new"], rows)
     body = (f"## Interval coverage (`bench/interval_coverage.py`, {args.draws} sweeps per row)\n\n"
             "Model fitted to results/example (ckpt-100):\n\n" + fit_table + "\n\nPaired-difference coverage of the "
-            "95% interval:\n\n" + coverage_table + "\n")
+            "95% interval under each rule (`new`: the one in harness/report/bootstrap.py); 'old t collapsed': the "
+            "draws whose old t interval is narrower than the residual part alone implies (two seeds' means agreeing "
+            "by chance), where old and new differ:\n\n"
+            + coverage_table + "\n")
     update_summary(args.results, "interval_coverage", body)
     print(body)
     print(f"{time.time() - started:.0f} s")
