@@ -5,6 +5,8 @@ against live here and the modules that implement them import them from here: a n
 implemented in its module, and ``tests/test_config.py`` fails until both agree.
 
 - ``BUDGET_KINDS``: what ``train.budget.kind`` counts; each is spent in ``harness/train/budget.py``.
+- ``GENERATION_COUNTING_BUDGET_KINDS``: the budget kinds whose spend includes every generated rollout, so they
+  account for the groups DAPO's dynamic sampling discards (``steps`` counts optimizer steps only).
 - ``PROMPT_TEMPLATES``: ``prompt_template``; each is rendered by ``harness/data/prompts.py``.
 - ``SCORERS``: ``train.reward`` and ``eval.benchmarks.<name>.scorer``; each is ``harness/data/scoring.py``.
 - ``KL_ESTIMATORS``: ``train.kl_estimator``; each is a function of ``harness/train/loss.py`` (``KL_ESTIMATORS``).
@@ -14,6 +16,7 @@ interface, ``methods/base.py`` (``AGGREGATIONS``, ``STATISTICS``): ``methods/`` 
 """
 
 BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples", "steps")
+GENERATION_COUNTING_BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples")
 PROMPT_TEMPLATES = ("tiny", "qwen_boxed", "plain_8020", "chat")
 SCORERS = ("numeric", "math_verify")
 KL_ESTIMATORS = ("k1", "k3", "low_var_kl")

@@ -22,7 +22,13 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config.choices import BUDGET_KINDS, KL_ESTIMATORS, PROMPT_TEMPLATES, SCORERS
+from harness.config.choices import (
+    BUDGET_KINDS,
+    GENERATION_COUNTING_BUDGET_KINDS,
+    KL_ESTIMATORS,
+    PROMPT_TEMPLATES,
+    SCORERS,
+)
 from harness.config.launch import per_device_rollouts, training_processes, vllm_server_gpus
 from harness.config.paths import CONFIG_DIR, REPO_ROOT
 from methods.base import AGGREGATIONS
@@ -138,6 +144,24 @@ class OverlongConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (harness/train/dynamic_sampling.py; verl recipe/dapo ``algorithm.filter_groups``):
+    prompt groups whose rollouts are all correct or all wrong are dropped and more prompts are generated, in rounds,
+    until every process holds its share of ``train.prompts_per_step`` groups with signal; surplus groups are
+    discarded. Every round's generation counts in the budget, so the budget kind must count generation."""
+
+    enabled: bool = False
+    # prompts generated per round (verl's data.gen_batch_size); 0 = train.prompts_per_step. The first round is the
+    # sampler's batch of prompts_per_step plus the rest from the run's second seeded prompt stream
+    prompts_per_round: int = 0
+    # at most this many rounds per step (verl's filter_groups.max_num_gen_batches); when they run out the step is
+    # completed with zero-variance groups, logged as dynamic_sampling/rounds_exhausted = 1
+    max_generation_rounds: int = 10
+
+    RANGES = {"prompts_per_round": (0, None), "max_generation_rounds": (1, None)}
+
+
+@dataclass
 class TrainConfig:
     """RL training; the baseline's switches are shared by every method."""
 
@@ -191,6 +215,7 @@ class TrainConfig:
     vllm_tensor_parallel_size: int = 1  # colocate: ranks per vLLM engine; server: GPUs of the server
     vllm_max_model_length: int = 0  # vLLM context (prompt + completion); 0 = the model's own
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO's soft overlong punishment; off by default
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)  # DAPO's; off by default
     budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     CHOICES = {"aggregation": AGGREGATIONS,
@@ -507,6 +532,7 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
             problems.append(str(exc))
     if train.clip_ratio_c is not None and not train.clip_ratio_c > 1:
         problems.append(f"train.clip_ratio_c={train.clip_ratio_c} must be > 1 (or null = no dual-clip)")
+    problems += dynamic_sampling_problems(train, max(processes, 1))
     updates = train.mini_batches * train.ppo_epochs
     if train.save_every_steps % updates:
         problems.append(f"train.save_every_steps={train.save_every_steps} must be a multiple of train.mini_batches x "
@@ -532,6 +558,28 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
                         "'checkpoint'): set train.budget.checkpoint_fractions to [1.0]")
     if problems:
         raise ConfigError(f"{origin}: " + "; ".join(problems))
+
+
+def dynamic_sampling_problems(train: TrainConfig, processes: int) -> list[str]:
+    """What is wrong with ``train.dynamic_sampling`` for ``processes`` training processes (checked at start and by
+    the trainer): the budget must count every round's generation, and each round must hold at least the sampler's
+    batch and split over the processes in whole prompt groups."""
+    config = train.dynamic_sampling
+    if not config.enabled:
+        return []
+    problems = []
+    if train.budget.kind not in GENERATION_COUNTING_BUDGET_KINDS:
+        problems.append(f"train.dynamic_sampling.enabled=true needs a budget that counts the generation of the groups "
+                        f"it discards: train.budget.kind must be one of {list(GENERATION_COUNTING_BUDGET_KINDS)}, got "
+                        f"{train.budget.kind!r}")
+    round_prompts = config.prompts_per_round or train.prompts_per_step
+    if round_prompts < train.prompts_per_step:
+        problems.append(f"train.dynamic_sampling.prompts_per_round={config.prompts_per_round} must be 0 or at least "
+                        f"train.prompts_per_step={train.prompts_per_step} (the first round holds the sampler's batch)")
+    elif round_prompts % processes:
+        problems.append(f"train.dynamic_sampling.prompts_per_round={round_prompts} must be a multiple of the "
+                        f"{processes} training processes (each process generates whole prompt groups)")
+    return problems
 
 
 def _method_dirs(search_dirs: list[str] | None) -> list[Path]:

@@ -6,7 +6,8 @@ overrides two steps:
 - ``_generate_and_score_completions``: after TRL has generated and scored, the harness computes the baseline's
   advantages from the raw rewards and runs ``harness.train.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
   ``before_forward``). Dropped rollouts and truncated columns are removed from the batch here, *before* any
-  forward pass, so what a method skips is really skipped.
+  forward pass, so what a method skips is really skipped. With ``train.dynamic_sampling`` TRL generates and scores
+  in rounds until the step holds its groups with signal (``harness.train.dynamic_sampling``).
 - ``_compute_loss``: token statistics from the last hidden states (``harness.train.token_statistics``), computed
   by row chunks (``harness.train.row_chunks``), the method's weights and denominator
   (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens, or with the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -37,20 +39,22 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from harness.config.launch import per_device_rollouts
-from harness.config.schema import PresetConfig
+from harness.config.schema import ConfigError, PresetConfig, dynamic_sampling_problems
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
+from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, PromptStream
 from harness.train.hooks import PreparedBatch, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.row_chunks import RowChunk, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, group_advantages
+from methods.base import Method, RolloutBatch, StepContext, TokenStats
 
 # Prefix of the keys this adapter adds to TRL's batch dict for the RolloutBatch fields TRL does not carry (rewards,
 # group ids, rollout advantages, a method's extras). TRL slices and shuffles every tensor of the dict by rows, so
 # they stay aligned with the rows; "tt" = token targeting, a prefix no TRL key uses.
 ROLLOUT_KEY_PREFIX = "tt_"
 LEDGER_FILE = "harness_budget.json"  # the budget ledger, saved in each resumable trainer checkpoint
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -175,6 +179,11 @@ class TargetedGRPOTrainer(GRPOTrainer):
         tokenizer = self.processing_class
         self.special_token_ids = tuple(sorted({i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id)
                                                if i is not None}))
+        problems = dynamic_sampling_problems(preset.train, self.accelerator.num_processes)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        # the stream of prompts for dynamic sampling's extra rounds; its cursor is saved with the ledger
+        self.prompt_stream = PromptStream(len(self.train_dataset), run_seed)
         self.ref_policy = None
         if preset.train.beta > 0 or "ref_logp" in method.needs:
             self.ref_policy = frozen_copy(self.accelerator.unwrap_model(self.model))
@@ -245,23 +254,35 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self._gathered_rewards = rewards_per_func  # (N_all_processes, n_funcs), gathered by TRL
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
+    def _generate_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """TRL generates and scores ``inputs`` (this process's rows), counted in the budget. Returns TRL's batch of
+        this process, and the summed rewards and the correctness (the first reward function) of every process's
+        rollouts (N_all,), gathered by TRL, in process order."""
         started = self.clock.start()
         with self._trl_sees_one_step_per_generation():
             out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return out
         self.clock.stop("generation", started)
         self._count_generation(out)
+        gathered = torch.nan_to_num(self._gathered_rewards.cpu(), nan=0.0)
+        return out, gathered.sum(dim=1), gathered[:, 0]
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            with self._trl_sees_one_step_per_generation():
+                return super()._generate_and_score_completions(inputs)
+        train = self.preset.train
+        if train.dynamic_sampling.enabled:
+            out, rewards = self._dynamically_sampled(inputs)
+        else:
+            out, rewards_all, _ = self._generate_round(inputs)
+            n_local = out["completion_ids"].shape[0]
+            rewards = rewards_all[self.accelerator.process_index * n_local:][:n_local]
         device = out["completion_ids"].device
-        rewards_all = torch.nan_to_num(self._gathered_rewards.sum(dim=1).cpu(), nan=0.0)
-        group_all = torch.arange(len(rewards_all)) // self.num_generations
-        advantages_all = group_advantages(rewards_all, group_all, scale=self.preset.train.scale_rewards)
-        n_local = out["completion_ids"].shape[0]
-        local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-        batch = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards_all[local],
-                                  group_all[local], self.preset.train.scale_rewards, self.special_token_ids,
-                                  rollout_advantages=advantages_all[local])
+        # groups of a process are numbered from process_index x its share of prompts_per_step (_prepare_inputs)
+        first_group = self.accelerator.process_index * (train.prompts_per_step // self.accelerator.num_processes)
+        group_ids = first_group + torch.arange(len(rewards)) // self.num_generations
+        batch = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards, group_ids,
+                                  train.scale_rewards, self.special_token_ids)
         if self.sample_batch_path is not None and self.state.global_step == 0:
             self._write_sample_batch(out, batch)  # every process runs the forward (collectives under ZeRO-3/FSDP)
         prepared = prepare_batch(self.method, batch, self.step_context())
@@ -273,6 +294,46 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if self.updates_per_generation > 1:
             reduced[f"{ROLLOUT_KEY_PREFIX}old_logp"] = self._rollout_policy_logp(reduced)
         return reduced
+
+    def _dynamically_sampled(self, inputs: list[dict]) -> tuple[dict, torch.Tensor]:
+        """DAPO's dynamic sampling (``harness.train.dynamic_sampling``): rounds of generation until every process
+        holds its share of prompts_per_step groups with signal, or ``max_generation_rounds``. Returns the trained
+        groups' rollouts (prompt/completion ids and masks) and summed rewards, and logs the step's counts."""
+        train = self.preset.train
+        config, processes = train.dynamic_sampling, self.accelerator.num_processes
+        collector = GroupCollector(quota=train.prompts_per_step // processes, processes=processes,
+                                   process_index=self.accelerator.process_index, group_size=self.num_generations)
+        round_prompts = config.prompts_per_round or train.prompts_per_step
+        while True:
+            # round 1: the sampler's batch plus the rest of the round from the stream; later rounds: the stream
+            extra = round_prompts - (train.prompts_per_step if collector.rounds == 0 else 0)
+            round_inputs = (inputs if collector.rounds == 0 else []) + self._stream_inputs(extra)
+            out, rewards_all, correct_all = self._generate_round(round_inputs)
+            n_local = out["completion_ids"].shape[0]
+            local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+            collector.add_round({k: out[k].cpu() for k in ROLLOUT_TENSORS}, rewards_all[local], correct_all)
+            if collector.full or collector.rounds >= config.max_generation_rounds:
+                break
+        for name, value in collector.metrics().items():
+            self._log_train(f"dynamic_sampling/{name}", float(value))
+        if not collector.full and self.accelerator.is_main_process:
+            metrics = collector.metrics()
+            logger.warning(f"step {self.state.global_step + 1}: dynamic sampling ran out of its "
+                           f"{config.max_generation_rounds} rounds with {metrics['groups_kept']} of "
+                           f"{train.prompts_per_step} groups with signal; {metrics['groups_filled']} zero-variance "
+                           "groups complete the step (train.dynamic_sampling.max_generation_rounds)")
+        rollouts, rewards = collector.batch(self.processing_class.pad_token_id)
+        device = out["completion_ids"].device
+        return {k: v.to(device) for k, v in rollouts.items()}, rewards
+
+    def _stream_inputs(self, prompts: int) -> list[dict]:
+        """This process's rows for the next ``prompts`` prompts of the stream (all processes draw the same ones and
+        each takes its contiguous share), each prompt repeated num_generations times as TRL's sampler does."""
+        processes, index = self.accelerator.num_processes, self.accelerator.process_index
+        drawn = self.prompt_stream.take(prompts)
+        share = len(drawn) // processes
+        return [dict(self.train_dataset[i]) for i in drawn[index * share:(index + 1) * share]
+                for _ in range(self.num_generations)]
 
     @torch.no_grad()
     def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
@@ -523,12 +584,15 @@ class TargetedGRPOTrainer(GRPOTrainer):
         from harness.data.files import write_json_atomic
 
         write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(), "run_key": self.run_key,
-                                                 "saved_checkpoints": self.saved_checkpoints})
+                                                 "saved_checkpoints": self.saved_checkpoints,
+                                                 "prompt_stream_cursor": self.prompt_stream.cursor})
 
     def restore_ledger(self, checkpoint: Path) -> None:
+        """The budget ledger and dynamic sampling's prompt-stream position of a trainer checkpoint."""
         saved = json.loads((checkpoint / LEDGER_FILE).read_text())
         self.ledger = BudgetLedger.from_dict(saved["ledger"])
         self.saved_checkpoints = saved["saved_checkpoints"]
+        self.prompt_stream.cursor = saved.get("prompt_stream_cursor", 0)  # absent from checkpoints before it
 
     # --- metrics ------------------------------------------------------------------------------------------------
 
