@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_two_processes(tiny_sweep, root, backward_chunk_rows: int):
+def train_two_processes(tiny_sweep, root, backward_chunk_rows: int, extra: tuple[str, ...] = ()):
     overrides, paths = tiny_sweep
     mine = SweepPaths(root / "tiny")  # a copy of the shared sweep's data and warm start, so each run has its own folder
     shutil.copytree(paths.data_dir, mine.data_dir)
@@ -32,7 +32,8 @@ def train_two_processes(tiny_sweep, root, backward_chunk_rows: int):
     # in step 1, so the KL term has a gradient from step 2 on even if every reward of the short warm start is 0.
     settings = [*overrides, f"results_dir={root}", "train.budget.kind=samples", "train.budget.amount=24",
                 "train.budget.checkpoint_fractions=[0.5,1.0]", "train.save_every_steps=1", "train.weight_decay=0.1",
-                "train.beta=0.1", "train.learning_rate=1e-3", f"train.backward_chunk_rows={backward_chunk_rows}"]
+                "train.beta=0.1", "train.learning_rate=1e-3", f"train.backward_chunk_rows={backward_chunk_rows}",
+                *extra]
     sweep = root / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny"}))
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
@@ -97,3 +98,19 @@ def test_row_chunked_backward_gives_the_same_synchronised_gradients(two_process_
     assert len(whole) == len(chunked) == 3 and whole[-1][0] > 1e-3  # the last step has a real gradient
     for a, b in zip(chunked, whole, strict=True):
         assert a == pytest.approx(b, rel=1e-3, abs=1e-9)
+
+
+def test_dynamic_sampling_rounds_are_decided_alike_on_both_processes(tiny_sweep, tmp_path):
+    # each process keeps 1 of the 2 groups per step; both must run the same rounds (generation and the reward gather
+    # are collective: a process deciding otherwise would hang the run). The 10-step warm start scores 0 almost
+    # everywhere, so most steps run out of their 3 rounds and are completed with zero-variance groups.
+    run_dir, _, _ = train_two_processes(tiny_sweep, tmp_path, backward_chunk_rows=0, extra=(
+        "train.dynamic_sampling.enabled=true", "train.dynamic_sampling.max_generation_rounds=3",
+        "train.budget.amount=48"))
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all(m["dynamic_sampling/groups_kept"] + m["dynamic_sampling/groups_filled"] == 2 for m in lines)
+    assert all(1 <= m["dynamic_sampling/rounds"] <= 3 for m in lines)
+    totals = [4 * sum(m["dynamic_sampling/groups_generated"] for m in lines[:i + 1]) for i in range(len(lines))]
+    assert [m["budget/samples_total"] for m in lines] == totals  # both processes' rounds, every group
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["counters"]["rollouts_generated"] == totals[-1] >= 48
