@@ -12,12 +12,14 @@ import pytest
 from report_fixture import BENCHES, LABELS, build_sweep
 
 from harness.config.schema import ConfigError
+from harness.report import bootstrap as stats
 from harness.report import html as html_report
 from harness.report.evidence import find_failures, read_sweep
-from harness.report.leaderboard import write_leaderboard
-from harness.report.markdown import budget_warnings, protocol_note
+from harness.report.leaderboard import verdict_record, write_leaderboard
+from harness.report.markdown import budget_warnings, markdown, protocol_note
 from harness.report.reported import load_reported
 from harness.report.summary import claim_verdicts, summarize
+from harness.report.tables import FLOOR_LEGEND, FLOOR_MARK, bench_table, claims_table, overview_table, select, with_ci
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTED = """
@@ -96,6 +98,7 @@ def test_csv_numbers_equal_what_the_samples_give(sweep):
             per_bench.append(statistics.fmean(per_seed))
         assert float(row["estimate"]) == pytest.approx(statistics.fmean(per_bench)), row
         assert float(row["ci_low"]) <= float(row["estimate"]) <= float(row["ci_high"])
+        assert row["ci_at_floor"] in {"True", "False"}  # a t interval; the IQM rows leave it empty
         assert int(row["n_seeds"]) == len(run_seeds)
         assert int(row["n_problems"]) == sum(BENCHES[b] for b in benches)
         assert int(row["k"]) == (1 if mode == "greedy" else 4)
@@ -189,6 +192,7 @@ def test_claims_are_judged_in_both_pages(sweep):
     assert [c["verdict"] for c in claims_json] == ["reproduced", "reproduced", "reproduced", "not evaluated",
                                                    "contradicted"]
     assert claims_json[3]["p_reproduce"] is None and claims_json[0]["diff_ci_low"] > 0
+    assert claims_json[3]["diff_ci_at_floor"] is None and isinstance(claims_json[0]["diff_ci_at_floor"], bool)
     page = (paths.root / "report.html").read_text()
     assert "<h2 id='claims'>" in page and "<td class='contradicted'>contradicted</td>" in page
 
@@ -202,6 +206,91 @@ def test_without_a_paper_the_default_claims_are_judged(sweep):
     assert judged[1].verdict == "reproduced" and judged[1].holm == "reproduced"
     assert judged[0].verdict in {"inconclusive", "reproduced"}  # an A/A pair is never contradicted here
     assert all(v.detectable > 0 for v in judged)
+
+
+def test_floor_mark_sits_exactly_on_the_intervals_at_the_floor(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    reported_file = tmp_path / "reported.yaml"
+    reported_file.write_text(REPORTED)
+    reported = load_reported(reported_file)
+    evidence = read_sweep(resolved, paths)
+    final, avg, scores = evidence.final_ckpt, evidence.avg_metric, evidence.scores
+    for metric in evidence.metric_names:  # entropy - uniform on arith: seed 1's differences are seed 0's reversed,
+        x, y = scores[("entropy", final, "arith", metric)], scores[("uniform", final, "arith", metric)]
+        x[1] = y[1] + (x[0] - y[0])[::-1]  # so the two seeds' mean differences agree exactly: that Δ is the floor
+
+    def at_floor(label: str, bench: str, metric: str, paired: bool) -> bool:
+        benches = evidence.benches if bench == "all" else [bench]
+        return stats.crossed_variance({b: scores[(label, final, b, metric)] - (
+            scores[("uniform", final, b, metric)] if paired else 0.0) for b in benches}).rests_on_floor
+
+    summary = summarize(evidence, n_resamples=200)
+    cells = []  # (cell, is the interval at the floor) for every interval the tables show
+
+    def column(header: list[str], row: list[str], name: str) -> str:
+        return row[header.index(name)]
+
+    header, body = overview_table(evidence, summary, final)
+    for row in body:
+        label = row[1]
+        if row[0] == "ref":  # the warm start: one seed, no residual part, never at the floor
+            cells += [(cell, False) for cell in row]
+            continue
+        cells += [(column(header, row, f"{avg} mean over benchmarks [95% CI]"), at_floor(label, "all", avg, False)),
+                  (column(header, row, "IQM [95% CI]"), False)]  # a percentile interval has no floor
+        cells += [(column(header, row, f"{b} {avg}"), at_floor(label, b, avg, False)) for b in evidence.benches]
+        if label != "uniform":
+            cells.append((column(header, row, "Δ vs uniform [95% CI]"), at_floor(label, "all", avg, True)))
+    for bench in evidence.benches:
+        header, body = bench_table(evidence, summary, final, bench, reported)
+        for row in body:
+            label = row[1]
+            if row[0] == "ref":
+                cells += [(cell, False) for cell in row]
+                continue
+            cells += [(column(header, row, f"{avg} [95% CI]"), at_floor(label, bench, avg, False)),
+                      (column(header, row, "greedy [95% CI]"), at_floor(label, bench, "greedy", False))]
+            if label != "uniform":
+                cells += [(column(header, row, "Δ vs uniform [95% CI]"), at_floor(label, bench, avg, True)),
+                          (column(header, row, "greedy Δ [95% CI]"), at_floor(label, bench, "greedy", True))]
+    judged = claim_verdicts(evidence, reported)
+    for verdict, row in zip(judged, claims_table(judged)[1], strict=True):
+        if verdict.interval is not None:
+            claim = verdict.claim
+            expected = at_floor(claim.method, "all" if claim.benchmark == "mean" else claim.benchmark,
+                                avg if claim.metric == "avg@k" else "greedy", True)
+            cells.append((row[2], expected))
+            assert verdict_record(verdict)["diff_ci_at_floor"] is expected
+    assert all(cell.endswith(FLOOR_MARK) == expected and cell.count(FLOOR_MARK) <= 1 for cell, expected in cells), [
+        (cell, expected) for cell, expected in cells if cell.endswith(FLOOR_MARK) != expected]
+    marked = sum(expected for _, expected in cells)
+    assert 0 < marked < len(cells)  # the constructed Δ (per benchmark and its claim) at the floor, others not
+    claims = {v.claim.describe(): row for v, row in zip(judged, claims_table(judged)[1], strict=True)}
+    assert claims["entropy beats uniform on arith by +80.00 pts (avg@k)"][2].endswith(FLOOR_MARK)
+    # the summary rows (leaderboard.csv, .json) carry the same flags; the IQM rows have no floor
+    for row in select(summary, ckpt=final, method="entropy", metric=avg, statistic="mean"):
+        assert row["ci_at_floor"] is at_floor("entropy", row["bench"], avg, False)
+        assert row["diff_ci_at_floor"] is at_floor("entropy", row["bench"], avg, True)
+    assert all("ci_at_floor" not in row for row in select(summary, statistic="iqm"))
+    # every ‡ of the page is one of those cells, plus the legend once
+    md = markdown(evidence, resolved, summary, reported, {}, paths.root, 200)
+    assert md.count(FLOOR_LEGEND) == 1 and md.count(FLOOR_MARK) == marked + 1
+    assert md.index(FLOOR_LEGEND) < md.index("## Full budget")
+    page = html_report.render(evidence, resolved, summary, reported, {}, None, {}, 200)
+    beside_paper = [with_ci(select(summary, ckpt=final, method=label, bench=bench, metric=avg)[0])
+                    for label, per_bench in reported.numbers.items() for bench in per_bench if label != "gmts"]
+    assert page.count(html_report.esc(FLOOR_LEGEND)) == 1
+    assert page.count(FLOOR_MARK) == marked + 1 + sum(cell.endswith(FLOOR_MARK) for cell in beside_paper)
+
+
+def test_without_an_interval_at_the_floor_there_is_no_mark_and_no_legend(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0,), fractions=(1.0,))  # one seed: no residual part, no floor
+    write_leaderboard(resolved, paths, n_resamples=200)
+    rows = read_csv(paths.root / "leaderboard.csv")
+    assert {r["ci_at_floor"] for r in rows if r["statistic"] == "mean"} == {"False"}
+    for name in ("leaderboard.md", "report.html"):
+        text = (paths.root / name).read_text()
+        assert FLOOR_MARK not in text and "residual floor: the seeds agreed" not in text, name
 
 
 def test_reported_file_errors_name_the_key(tmp_path):

@@ -123,6 +123,28 @@ def test_two_seeds_that_agree_do_not_collapse_the_interval():
     assert both.half_width(0.025) == pytest.approx(scipy_stats.t.ppf(0.975, 2) * np.sqrt(0.2 / 6 / 4))
 
 
+def test_an_interval_rests_on_the_floor_where_the_residual_term_exceeds_the_seed_term():
+    # The agreeing table above (rows 0.2 and 0.2, columns 0.2, residuals +-0.1 and 0). Shifting the second row by c
+    # leaves the residuals and the columns as they are and makes the seed part var(0.2, 0.2 + c) / 2 = c^2 / 4 with
+    # 1 df. The floor's term is t_{2, 0.975}^2 * 0.02 / 6 = 18.513 * 0.0033333 = 0.061711; the seed term
+    # t_{1, 0.975}^2 c^2 / 4 = 161.45 c^2 / 4 passes it at c = 2 sqrt(0.061711 / 161.45) = 0.0391.
+    x = np.array([[0.1, 0.3, 0.2], [0.3, 0.1, 0.2]])
+    near = stats.crossed_variance({"b": x + [[0.0], [0.02]]})  # seed part 0.0001 > 0, its term 0.016145: the floor
+    assert (near.seed, near.residual) == pytest.approx((0.0001, 0.02 / 6))
+    assert near.rests_on_floor and near.half_width(0.025) == pytest.approx(0.24842, abs=1e-5)
+    far = stats.crossed_variance({"b": x + [[0.0], [0.06]]})  # seed part 0.0009, its term 0.14531: seed level
+    assert far.seed == pytest.approx(0.0009)
+    assert not far.rests_on_floor and far.half_width(0.025) == pytest.approx(12.7062 * 0.03, abs=1e-4)
+    # the 2 x 3 tables above: equal rows (0.5, 0.5) with the problems apart rest on the floor, rows 0.8 and 0.2 not
+    assert stats.crossed_variance({"b": np.array([[0.1, 0.5, 0.9], [0.3, 0.5, 0.7]])}).rests_on_floor
+    assert not stats.crossed_variance({"b": np.array([[0.8, 0.8, 0.8], [0.1, 0.3, 0.2]])}).rests_on_floor
+    # the Interval says what its parts say; one seed has no residual part, a percentile interval no floor
+    assert stats.paired_difference(x, np.zeros_like(x)).rests_on_floor
+    assert not stats.paired_difference(x + [[0.0], [0.06]], np.zeros_like(x)).rests_on_floor
+    assert not stats.crossed_variance({"b": x[:1]}).rests_on_floor
+    assert not stats.percentile_interval(0.5, np.linspace(0.0, 1.0, 101)).rests_on_floor
+
+
 def test_aggregate_interval_shares_the_seeds_across_benchmarks():
     # Two benchmarks whose seed effects cancel: the benchmark-averaged rows are equal, so no seed part at all.
     a = np.array([[0.2, 0.2], [0.4, 0.4]])

@@ -58,7 +58,8 @@ seed part cannot be estimated and the interval covers problem sampling only (the
 What remains (README, "Known limit"): a floor cannot tell chance agreement from small training randomness. When
 the seeds agree by chance and training randomness is in fact large, the floor is still too narrow: at the
 example's seed spread the collapsed 2-seed sweeps of the mean are covered 0.76-0.85 (0.51-0.53 before), at 3x it
-0.40 (0.18). A 2-seed verdict whose interval is the floor is a candidate for more seeds.
+0.40 (0.18). A 2-seed verdict whose interval is the floor is a candidate for more seeds; the reports mark every
+such interval (``CrossedVariance.rests_on_floor``: ‡ in the tables, ``ci_at_floor`` in leaderboard.csv).
 
 Why not the percentile bootstrap any more. The earlier intervals were percentile intervals of a crossed
 ("pigeonhole", McCullagh 2000) bootstrap with Rao & Wu (1988) rescaled weights. With 2 to 5 seeds its tails are
@@ -116,6 +117,11 @@ class Interval:
 
     def covers(self, value: float) -> bool:
         return self.low <= value <= self.high
+
+    @property
+    def rests_on_floor(self) -> bool:
+        """A t interval at the residual floor (``CrossedVariance.rests_on_floor``); a percentile one never is."""
+        return self.variance is not None and self.variance.rests_on_floor
 
 
 @dataclass(frozen=True)
@@ -274,14 +280,28 @@ class CrossedVariance:
         part."""
         return max(self.seed, self.residual) + self.problem
 
+    def _terms(self, one_sided_level: float) -> tuple[float, float, float]:
+        """The squared half-width terms t^2 * part of the problem, seed and residual parts at this level."""
+        def term(variance: float, df: float) -> float:
+            return scipy_stats.t.ppf(1 - one_sided_level, df) ** 2 * variance if variance > 0 else 0.0
+
+        return (term(self.problem, self.problem_df), term(self.seed, self.seed_df),
+                term(self.residual, self.residual_df))
+
     def half_width(self, one_sided_level: float) -> float:
         """The wider of the seed-level half-width sqrt((t_{S-1} sqrt(seed))^2 + (t_{P-1} sqrt(problem))^2) and the
         residual floor sqrt((t_{(S-1)(P-1)} sqrt(residual))^2 + (t_{P-1} sqrt(problem))^2) (module docstring)."""
-        def part(variance: float, df: float) -> float:
-            return scipy_stats.t.ppf(1 - one_sided_level, df) ** 2 * variance if variance > 0 else 0.0
+        problem, seed, residual = self._terms(one_sided_level)
+        return math.sqrt(problem + max(seed, residual))
 
-        problem = part(self.problem, self.problem_df)
-        return math.sqrt(problem + max(part(self.seed, self.seed_df), part(self.residual, self.residual_df)))
+    @property
+    def rests_on_floor(self) -> bool:
+        """Whether the 95% (``CONFIDENCE``) interval is the residual floor: the residual term t_{(S-1)(P-1)}^2
+        residual exceeds the seed term t_{S-1}^2 seed, i.e. the seeds agreed more closely than their seed x problem
+        residual implies. Such an interval is too narrow if training randomness is in fact large (module docstring,
+        "What remains"), so the reports mark it. Never with one seed (no residual part)."""
+        _, seed, residual = self._terms((1 - CONFIDENCE) / 2)
+        return bool(residual > seed)  # a Python bool: it goes into leaderboard.json
 
 
 def crossed_variance(scores: Mapping[str, np.ndarray]) -> CrossedVariance:

@@ -31,6 +31,8 @@ from harness.report.markdown import (
 from harness.report.reported import Reported
 from harness.report.summary import claim_verdicts, detectability
 from harness.report.tables import (
+    FLOOR_LEGEND,
+    FLOOR_MARK,
     bench_table,
     claims_table,
     detectability_table,
@@ -395,12 +397,17 @@ def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported
     error message); ``fidelity``, for a paper sweep, goes first."""
     title = f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})"
     parts = _head(title) + (fidelity_section(fidelity) if fidelity else [])
-    parts += _notes(evidence, resolved, summary, n_resamples) + _tables(evidence, summary, reported)
+    tables = _tables(evidence, summary, reported)
+    ours_beside_paper = reported_section(reported, evidence, summary)
+    parts += _notes(evidence, resolved, summary, n_resamples)
+    if any(FLOOR_MARK in part for part in [*tables, ours_beside_paper]):  # the legend only where a cell carries ‡
+        parts.append(f"<p class='note'>{esc(FLOOR_LEGEND)}</p>")
+    parts += tables
     parts.append("<h2 id='figures'>Figures</h2>")
     parts += [f"<figure>{image(path, name)}<figcaption>{esc(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>"
               for name, path in figures.items()]
     parts += ["<h2 id='tokens'>Token highlights</h2>", highlights_section(batch_file, inspected)]
-    parts += ["<h2 id='reported'>Reported numbers</h2>", reported_section(reported, evidence, summary)]
+    parts += ["<h2 id='reported'>Reported numbers</h2>", ours_beside_paper]
     parts += ["<h2 id='provenance'>Provenance</h2>", provenance_section(evidence)]
     parts.append(f"<p class='note'>The warm start (<code>{esc(WARMSTART_LABEL)}</code>, step 0) is evaluated like "
                  "every run and shown as a reference row; it is not ranked. Tables as CSV: leaderboard.csv (tidy), "

@@ -67,7 +67,8 @@ def verdict_record(v: Verdict) -> dict:
     """One judged claim for leaderboard.json: the claim (points), the verdicts and the interval (fractions)."""
     iv = v.interval
     numbers = {"diff": None if iv is None else iv.estimate, "diff_ci_low": None if iv is None else iv.low,
-               "diff_ci_high": None if iv is None else iv.high, "detectable": v.detectable,
+               "diff_ci_high": None if iv is None else iv.high,
+               "diff_ci_at_floor": None if iv is None else iv.rests_on_floor, "detectable": v.detectable,
                "p_reproduce": v.p_reproduce, "p_contradict": v.p_contradict, "holm_p_reproduce": v.holm_p_reproduce,
                "holm_p_contradict": v.holm_p_contradict}
     return {**dataclasses.asdict(v.claim), "verdict": v.verdict, "reason": v.reason, "holm": v.holm,
@@ -92,6 +93,8 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
         write_json_atomic(root / "leaderboard.json", {
             "config": resolved.to_dict(), "statistics": {
                 "confidence": stats.CONFIDENCE, "interval": "crossed seed x problem t interval (means, differences)",
+                "ci_at_floor": "the t interval is the residual floor: the seeds agreed more closely than their seed x "
+                               "problem residual implies (README, 'Known limit')",
                 "n_resamples": n_resamples, "bootstrap_seed": BOOTSTRAP_SEED},
             "summary": summary, "claims": [verdict_record(v) for v in claim_verdicts(evidence, reported)],
             "runs": evidence.run_rows}),

@@ -15,6 +15,8 @@ from harness.report.fidelity import Fidelity
 from harness.report.reported import Reported
 from harness.report.summary import calibration_pairs, claim_verdicts, detectability
 from harness.report.tables import (
+    FLOOR_LEGEND,
+    FLOOR_MARK,
     bench_table,
     claims_table,
     detectability_table,
@@ -181,11 +183,13 @@ def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], report
     parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", ""]
     parts += fidelity_lines(fidelity) if fidelity else []
     parts += [protocol_note(evidence, resolved, n_resamples), ""]
-    parts += _checkpoint_sections(evidence, summary)
-    parts += claims_lines(evidence, reported)
-    parts += [f"## Per benchmark ({final})", ""]
+    tables = _checkpoint_sections(evidence, summary) + claims_lines(evidence, reported)
+    tables += [f"## Per benchmark ({final})", ""]
     for bench in evidence.benches:
-        parts += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]
+        tables += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]
+    if any(FLOOR_MARK in part for part in tables):  # the legend only where a table marks an interval
+        parts += [FLOOR_LEGEND, ""]
+    parts += tables
     if reported:
         parts += ["## Reported numbers", "", *reported_lines(reported, evidence), ""]
     if figures:

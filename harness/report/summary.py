@@ -19,10 +19,12 @@ from harness.report.reported import Reported
 
 BOOTSTRAP_SEED = 0
 
+# ci_at_floor / diff_ci_at_floor: the t interval rests on the residual floor (``Interval.rests_on_floor``); empty
+# for the percentile intervals (IQM), which have none
 SUMMARY_COLUMNS = ["ckpt", "budget_fraction", "method", "method_name", "bench", "metric", "statistic", "estimate",
-                   "ci_low", "ci_high", "baseline", "diff", "diff_ci_low", "diff_ci_high", "p_improvement",
-                   "p_improvement_ci_low", "p_improvement_ci_high", "verdict", "rank", "reported", "n_seeds",
-                   "n_problems", "k", "temperature"]
+                   "ci_low", "ci_high", "ci_at_floor", "baseline", "diff", "diff_ci_low", "diff_ci_high",
+                   "diff_ci_at_floor", "p_improvement", "p_improvement_ci_low", "p_improvement_ci_high", "verdict",
+                   "rank", "reported", "n_seeds", "n_problems", "k", "temperature"]
 
 
 def summarize(evidence: Evidence, reported: Reported | None = None, n_resamples: int = stats.N_RESAMPLES,
@@ -108,10 +110,13 @@ def _compare_over_benches(x: dict[str, np.ndarray], y: dict[str, np.ndarray], pl
             "verdict": stats.verdict(difference)}
 
 
-def _interval(prefix: str, interval: stats.Interval) -> dict[str, float]:
+def _interval(prefix: str, interval: stats.Interval) -> dict[str, float | bool]:
     name = prefix or "estimate"
     stem = f"{prefix}_" if prefix else ""
-    return {name: interval.estimate, f"{stem}ci_low": interval.low, f"{stem}ci_high": interval.high}
+    row = {name: interval.estimate, f"{stem}ci_low": interval.low, f"{stem}ci_high": interval.high}
+    if interval.variance is not None:  # a t interval; the percentile ones have no floor
+        row[f"{stem}ci_at_floor"] = interval.rests_on_floor
+    return row
 
 
 def _mean_over_seeds(evidence: Evidence, label: str, ckpt: str) -> dict[str, float]:

@@ -12,6 +12,11 @@ from harness.report.verdicts import Verdict
 
 Table = tuple[list[str], list[list[str]]]  # (header, body rows)
 
+FLOOR_MARK = "‡"  # after an interval that rests on the residual floor (``bootstrap.CrossedVariance.rests_on_floor``)
+FLOOR_LEGEND = (f"{FLOOR_MARK} interval at the residual floor: the seeds agreed more closely than their seed x problem "
+                f"residual implies; with few seeds such an interval may still be too narrow when training randomness "
+                f"is large (README, 'Known limit'): more seeds settle it.")
+
 
 # --- cells --------------------------------------------------------------------------------------------------------
 
@@ -21,13 +26,15 @@ def pct(value: float | None, digits: int = 1) -> str:
 
 
 def with_ci(row: dict, prefix: str = "", signed: bool = False) -> str:
-    """A summary row's estimate (or ``prefix`` statistic) in percent with its interval: ``61.2 [55.0, 67.1]``."""
+    """A summary row's estimate (or ``prefix`` statistic) in percent with its interval: ``61.2 [55.0, 67.1]``, and
+    ``FLOOR_MARK`` after it when the interval rests on the residual floor."""
     stem = f"{prefix}_" if prefix else ""
     estimate = row.get(prefix or "estimate")
     if estimate is None:
         return ""
     sign = "+" if signed and estimate > 0 else ""
-    return f"{sign}{pct(estimate)} [{pct(row[f'{stem}ci_low'])}, {pct(row[f'{stem}ci_high'])}]"
+    mark = FLOOR_MARK if row.get(f"{stem}ci_at_floor") else ""
+    return f"{sign}{pct(estimate)} [{pct(row[f'{stem}ci_low'])}, {pct(row[f'{stem}ci_high'])}]{mark}"
 
 
 def probability(row: dict) -> str:
@@ -135,14 +142,15 @@ def _points(value: float | None) -> str:
 
 def claims_table(judged: list[Verdict]) -> Table:
     """One row per claim (``verdicts.Verdict``): the claim, where the paper says it, our paired difference, the
-    detectable effect, the verdict and why, and the verdict under Holm's correction with its adjusted p-values."""
+    detectable effect, the verdict and why, and the verdict under Holm's correction with its adjusted p-values; the
+    difference carries ``FLOOR_MARK`` when its interval rests on the residual floor."""
     header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict", "why", "Holm verdict",
               "Holm p (reproduce, contradict)"]
     body = []
     for v in judged:
         iv = v.interval
         difference = "" if iv is None else (f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} "
-                                            f"[{pct(iv.low)}, {pct(iv.high)}]")
+                                            f"[{pct(iv.low)}, {pct(iv.high)}]{FLOOR_MARK if iv.rests_on_floor else ''}")
         detectable = "" if v.detectable is None else pct(v.detectable)
         holm_p = "" if iv is None else f"{v.holm_p_reproduce:.3g}, {v.holm_p_contradict:.3g}"
         body.append([v.claim.describe(), v.claim.where, difference, detectable, v.verdict, v.reason, v.holm, holm_p])
