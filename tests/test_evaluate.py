@@ -292,6 +292,20 @@ def test_checksum_is_verified_before_any_model_work(tmp_path):
     assert not (tmp_path / "eval").exists()
 
 
+def test_environment_probe_skipped_only_inside():
+    """lm-eval's per-call environment probe (torch collect_env, git hash) is a no-op inside the context, and lm-eval's
+    own functions are back afterwards, also after an error."""
+    import lm_eval.evaluator as evaluator
+
+    saved = evaluator.add_env_info, evaluator.get_git_commit_hash
+    with pytest.raises(RuntimeError), ev.without_environment_probe():
+        storage = {}
+        evaluator.add_env_info(storage)
+        assert storage == {} and evaluator.get_git_commit_hash() is None
+        raise RuntimeError("inside")
+    assert (evaluator.add_env_info, evaluator.get_git_commit_hash) == saved
+
+
 def test_task_yamls_work_standalone(monkeypatch):
     """The variants are also plain lm-eval tasks (``lm-eval run --include_path harness/evaluation/tasks``) from the
     repo root."""

@@ -39,6 +39,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.config.paths import REPO_ROOT
@@ -297,6 +298,22 @@ def import_eval_stack(backend: str) -> None:
         from lm_eval.models.huggingface import HFLM  # noqa: F401
 
 
+@contextmanager
+def without_environment_probe():
+    """lm-eval's ``simple_evaluate`` (0.4.13) ends every call with ``add_env_info`` (torch's collect_env: about 40
+    subprocesses such as pip, conda and nvidia-smi, ~0.3 CPU s and more wall time each call) and a git hash of the
+    working directory; ``evaluate_benchmark`` reads neither (results.json records the versions itself), so they are
+    replaced by no-ops for the call. Nothing that generates or scores is touched."""
+    import lm_eval.evaluator as evaluator
+
+    saved = evaluator.add_env_info, evaluator.get_git_commit_hash
+    evaluator.add_env_info, evaluator.get_git_commit_hash = (lambda storage: None), (lambda: None)
+    try:
+        yield
+    finally:
+        evaluator.add_env_info, evaluator.get_git_commit_hash = saved
+
+
 def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig, data_file: Path,
                        eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu") -> dict:
     """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json."""
@@ -329,13 +346,14 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
                                         generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
 
     gen_start = time.monotonic()
-    res = lm_eval.simple_evaluate(
-        model=eval_cfg.backend, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
-        task_manager=TaskManager(include_defaults=False), num_fewshot=0,
-        batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
-        device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
-        bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
-        torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
+    with without_environment_probe():
+        res = lm_eval.simple_evaluate(
+            model=eval_cfg.backend, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
+            task_manager=TaskManager(include_defaults=False), num_fewshot=0,
+            batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
+            device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
+            bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
+            torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
     generate_s = time.monotonic() - gen_start
     shutil.rmtree(task_dir / HF_CACHE, ignore_errors=True)
 
