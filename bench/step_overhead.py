@@ -9,6 +9,8 @@ Variants, all in one process, each its own trainer on its own copy of the warm-s
   ``BudgetCallback`` of a real run (budget never reached);
 - ``<variant>+nogc``: the same with ``train.activation_checkpointing=false``, compared with ``<variant>``: what the
   recomputation costs where the preset turns checkpointing on.
+- ``<variant>+ds``: the same with DAPO's dynamic sampling (a samples budget, never reached), compared with
+  ``<variant>``: the extra generation rounds (``bench/dynamic_sampling.py`` reports them with the groups counts).
 
 Design (paired, interleaved): block b runs ``--steps`` optimizer steps of every variant in turn, the order
 reversed every other block (A B C, C B A, ...). Before each variant's block the weights are reset to the warm
@@ -55,7 +57,13 @@ from transformers import TrainerCallback
 ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat", "uniform+nogc"]
 OVERHEAD_TARGET = 1.05  # uniform vs trl, and entropy/gmts/rsi/ktae vs uniform
 DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
-OPTIONS = {"nogc": ["train.activation_checkpointing=false"]}  # variant suffix "+<option>" -> preset overrides
+# variant suffix "+<option>" -> preset overrides; ds = DAPO's dynamic sampling (bench/dynamic_sampling.py), which
+# needs a budget that counts generation: samples, never reached
+OPTIONS = {"nogc": ["train.activation_checkpointing=false"],
+           "ds": ["train.dynamic_sampling.enabled=true", "train.budget.kind=samples", "train.budget.amount=1e15"]}
+DYNAMIC_SAMPLING_KEYS = ("dynamic_sampling/groups_generated", "dynamic_sampling/groups_with_signal",
+                         "dynamic_sampling/groups_kept", "dynamic_sampling/groups_filled", "dynamic_sampling/rounds",
+                         "dynamic_sampling/rounds_exhausted")
 
 
 @dataclass
@@ -91,6 +99,8 @@ def build_variant(variant: str, preset: str, args, progress: float | None) -> Va
         metrics = out_dir / "metrics.jsonl"
         metrics.unlink(missing_ok=True)
         trainer = build_trainer(resolved, load_method(label), 0, paths, out_dir, metrics_path=metrics)
+        if resolved.preset.train.budget.kind != "steps":  # set_budget_progress counts steps; only D3S reads it
+            progress = None
     pristine = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     torch.set_num_threads(resolved.preset.train.threads)
     return Variant(variant, trainer, pristine, StepRecorder(trainer), progress)
@@ -137,7 +147,7 @@ class StepRecorder(TrainerCallback):
             after = _ledger_snapshot(ledger)
             record["ledger"] = {k: after[k] - self._ledger0[k] for k in after}
         for key in ("tokens/weighted_frac", "rollouts/kept_frac", "method/tokens_kept_frac",
-                    "method/forward_length_frac"):
+                    "method/forward_length_frac", *DYNAMIC_SAMPLING_KEYS):
             if key in logs:
                 record[key] = logs[key]
         self.steps.append(record)
