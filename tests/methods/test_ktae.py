@@ -11,7 +11,7 @@ from scipy.stats import fisher_exact
 
 from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import StepContext, TokenStats
-from methods.ktae import KTAE, fisher_exact_two_sided, information_gain_bits
+from methods.ktae import KTAE, TF_EPS, fisher_exact_two_sided, fisher_term_table, information_gain_bits
 from methods.uniform import Uniform
 
 CTX = StepContext(clip_eps_low=0.2, clip_eps_high=0.28)
@@ -126,6 +126,72 @@ def test_key_lies_in_the_open_interval(seed, group_size, length):
     key = KTAE(KTAE.Config(top=0.5)).on_rollouts(batch, CTX).advantages - batch.advantages
     assert bool(torch.isfinite(key).all()) and float(key.abs().max()) <= 0.5 + 1e-6
     assert bool((key[mask == 0] == 0).all())
+
+
+def reference_keys(method: KTAE, batch) -> torch.Tensor:
+    """The group-by-group computation KTAE ran before its statistics were batched over groups (one group's
+    vocabulary, counts and terms at a time, BM25 lengths as Python numbers): the formula the batched path keeps."""
+    cfg = method.config
+    mask = batch.completion_mask > 0
+    keys = torch.zeros(mask.shape, dtype=torch.float64)
+    for gid in torch.unique(batch.group_ids):
+        group = torch.nonzero(batch.group_ids == gid).flatten()
+        ids, m, correct = batch.completion_ids[group], mask[group], batch.rewards[group] > 0
+        n_correct, n_wrong = int(correct.sum()), int((~correct).sum())
+        if n_correct == 0 or n_wrong == 0 or not bool(m.any()):
+            continue
+        rows = torch.arange(len(group))[:, None].expand_as(m)[m]
+        vocab, token_index = torch.unique(ids[m], return_inverse=True)
+        present = torch.zeros(len(group), vocab.numel(), dtype=torch.bool)
+        present[rows, token_index] = True
+        a, b = present[correct].sum(0), present[~correct].sum(0)
+        f_term = fisher_term_table(n_correct, n_wrong)[a, b]
+        ig = information_gain_bits(a, b, n_correct - a, n_wrong - b)
+        x = torch.asin(torch.sqrt(a.double() / n_correct)) - torch.asin(torch.sqrt(b.double() / n_wrong))
+        if cfg.gamma:
+            token_correct = correct[rows]
+            length_c, length_w = int(token_correct.sum()), int((~token_correct).sum())
+            average = (length_c + length_w) / 2
+
+            def tf(count, length, average=average):
+                frequency = count.double() / length if length > 0 else torch.zeros_like(count, dtype=torch.float64)
+                return frequency * (cfg.bm25_k1 + 1) / (frequency + cfg.bm25_k1 * (
+                    1 - cfg.bm25_b + cfg.bm25_b * length / average))
+
+            tf_c = tf(torch.bincount(token_index[token_correct], minlength=vocab.numel()), length_c)
+            tf_w = tf(torch.bincount(token_index[~token_correct], minlength=vocab.numel()), length_w)
+            x = x + tf_c / (tf_w + TF_EPS) - tf_w / (tf_c + TF_EPS)
+        key = 2 * cfg.top * (torch.sigmoid((cfg.alpha * f_term + cfg.beta * ig) * x / (cfg.alpha + cfg.beta)) - 0.5)
+        if batch.special_token_ids:
+            key = torch.where(torch.isin(vocab, torch.tensor(batch.special_token_ids)), torch.zeros_like(key), key)
+        keys[group[:, None].expand_as(m)[m], torch.nonzero(m)[:, 1]] = key[token_index]
+    return keys
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), sizes=st.lists(st.integers(1, 16), min_size=1, max_size=6),
+       length=st.integers(1, 12), vocab=st.integers(2, 30), gamma=st.sampled_from([0.0, 1.0]),
+       top=st.sampled_from([1.0, 0.3]))
+def test_batched_keys_equal_the_group_by_group_formula(seed, sizes, length, vocab, gamma, top):
+    """Groups of mixed sizes, interleaved and with arbitrary ids, some all-correct or all-wrong, empty rollouts,
+    padding and special ids: every key equals the group-by-group computation."""
+    g = torch.Generator().manual_seed(seed)
+    group_ids = torch.cat([torch.full((n,), 7 * i + 3) for i, n in enumerate(sizes)])
+    group_ids = group_ids[torch.randperm(len(group_ids), generator=g)]
+    n = len(group_ids)
+    ids = torch.randint(0, vocab, (n, length), generator=g)
+    mask = (torch.rand(n, length, generator=g) > 0.3).float()
+    mask[torch.rand(n, generator=g) < 0.1] = 0.0
+    rewards = (torch.rand(n, generator=g) > 0.5).float() * torch.randint(0, 3, (n,), generator=g).float()
+    batch = new_rollout_batch(ids, mask, rewards, group_ids, "group", special_token_ids=(0, vocab + 5))
+    method = KTAE(KTAE.Config(gamma=gamma, top=top))
+    keys = method.batch_keys(batch.completion_ids, mask > 0, batch.rewards, batch.group_ids, batch.special_token_ids)
+    expected = reference_keys(method, batch)
+    # equal up to an ulp: torch computes asin/sigmoid of a tensor's SIMD-aligned elements and of its tail with
+    # different kernels, so an element's last bit depends on its position in the (groups, vocabulary) grid
+    torch.testing.assert_close(keys, expected, rtol=1e-12, atol=1e-15)
+    advantages = method.on_rollouts(batch, CTX).advantages
+    assert torch.equal(advantages, ((batch.rollout_advantages.double()[:, None] + expected) * mask).float())
 
 
 def test_run_hooks_gives_rollout_advantage_plus_key_and_uniform_weights():
