@@ -54,6 +54,15 @@ def two_process_chunked_run(tiny_sweep, tmp_path_factory):
     return train_two_processes(tiny_sweep, tmp_path_factory.mktemp("ddp_chunked"), backward_chunk_rows=2)
 
 
+@pytest.fixture(scope="module")
+def two_process_minibatch_run(tiny_sweep, tmp_path_factory):
+    # 4 prompts x 4 rollouts per generation batch, 2 groups per process, 2 mini-batch steps per generation batch:
+    # a samples budget of 32 is 2 generation batches, 4 optimizer steps
+    return train_two_processes(tiny_sweep, tmp_path_factory.mktemp("ddp_minibatch"), backward_chunk_rows=0,
+                               extra=("train.prompts_per_step=4", "train.mini_batches=2", "train.save_every_steps=2",
+                                      "train.budget.amount=32"))
+
+
 def weights(folder):
     return AutoModelForCausalLM.from_pretrained(folder).state_dict()
 
@@ -114,3 +123,19 @@ def test_dynamic_sampling_rounds_are_decided_alike_on_both_processes(tiny_sweep,
     assert [m["budget/samples_total"] for m in lines] == totals  # both processes' rounds, every group
     record = json.loads((run_dir / "run.json").read_text())
     assert record["counters"]["rollouts_generated"] == totals[-1] >= 48
+
+
+def test_mini_batches_share_the_budget_and_count_each_pass_once(two_process_minibatch_run):
+    # the rollouts of both processes count, both stop at the end of the second generation batch, and the old-policy
+    # and reference passes run once per generation batch on each process (one no-grad forward of its reduced batch
+    # each: the same FLOPs). Losses are not compared with a single-process run: each process samples its own rollouts.
+    run_dir, done, _ = two_process_minibatch_run
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["budget"]["processes"] == 2
+    assert record["budget"]["spent"] == 32 and record["budget"]["spent_steps"] == 4
+    assert record["budget"]["checkpoints"] == {"ckpt-050": 2, "ckpt-100": 4}  # generation-batch ends
+    flops = record["budget"]["ledger"]["flops"]
+    assert flops["old_logp"] > 0 and flops["reference"] == pytest.approx(flops["old_logp"])
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert done.stdout.count("trained entropy seed 0") == 1

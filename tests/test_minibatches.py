@@ -202,3 +202,32 @@ def test_gmts_scores_the_current_policy_against_the_rollout_policy_on_every_mini
     assert seen[0][0] == 0.0 and seen[2][0] == 0.0  # first mini-batch: the rollout policy itself
     assert seen[1][0] > 0.0 and seen[3][0] > 0.0  # second: the updated policy against the rollout policy
     assert all(same for _, same in seen)  # H of the current weights
+
+
+def test_reference_log_probs_are_computed_once_per_generation_batch(tiny_model_dir, tmp_path):
+    # as verl (ref log-probs once per generation batch, before the updates): 4 optimizer steps (2 mini-batches x 2
+    # epochs) read the rows of one reference pass, which the ledger counts once
+    preset = tiny_preset(mini_batches=2, ppo_epochs=2, beta=0.1)
+    model, tokenizer = load_policy(tiny_model_dir)
+    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[length_reward],
+                                  args=grpo_config(preset, tmp_path, seed=0), train_dataset=Dataset.from_list(PROMPTS),
+                                  method=get_method_class("uniform")(), preset=preset, run_seed=0)
+    seen, compute_loss = [], trainer._compute_loss
+
+    def keep_inputs(model, inputs):
+        seen.append(inputs)
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = keep_inputs
+    trainer.train()
+    assert len(seen) == 4  # one generation batch (no BudgetCallback here: step_ledger holds the whole run)
+    ledger = trainer.step_ledger
+    # one no-grad forward of the reduced batch each, same model shape: the reference pass counts what pi_old's does
+    assert ledger.flops["reference"] > 0 and ledger.flops["reference"] == pytest.approx(ledger.flops["old_logp"])
+    # each step's KL term reads what a reference forward of its own mini-batch gives (what it computed before)
+    for inputs in seen:
+        expected = trainer._reference_logp(inputs)
+        mask = inputs["completion_mask"].bool()
+        torch.testing.assert_close(inputs[f"{ROLLOUT_KEY_PREFIX}ref_logp"][mask], expected[mask])
+    logs = [r for r in trainer.state.log_history if "loss" in r]
+    assert logs[0]["kl"] == 0.0 and logs[-1]["kl"] > 0  # pi_theta leaves pi_ref after the first update

@@ -55,7 +55,8 @@ def make_trainer(model_dir, tmp_path, method="uniform", **train_overrides):
     return trainer, model
 
 
-def loss_inputs(trainer, seed=0):
+def raw_inputs(seed=0):
+    """A reduced batch as ``_reduced_batch`` gives it, before the passes that precede the updates."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(4, 40, (4, 3), generator=g)
     completion_ids = torch.randint(4, 40, (4, 5), generator=g)
@@ -68,6 +69,11 @@ def loss_inputs(trainer, seed=0):
         f"{ROLLOUT_KEY_PREFIX}rewards": rewards, f"{ROLLOUT_KEY_PREFIX}group_ids": torch.tensor([0, 0, 1, 1]),
         f"{ROLLOUT_KEY_PREFIX}rollout_advantages": advantages,
     }
+
+
+def loss_inputs(trainer, seed=0):
+    """The inputs of a training step: the reference's log-probs (beta > 0) computed once, as before the updates."""
+    return trainer._before_updates(raw_inputs(seed))
 
 
 def direct_logp_entropy(model, inputs):
@@ -218,12 +224,12 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
         with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
             for p in model.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-        raw = loss_inputs(trainer, seed=3)
+        raw = raw_inputs(seed=3)
         batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
                                   raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group",
                                   rollout_advantages=raw[f"{ROLLOUT_KEY_PREFIX}rollout_advantages"])
         prepared = prepare_batch(method, batch, trainer.step_context())
-        inputs = trainer._reduced_batch(raw, prepared, torch.device("cpu"))
+        inputs = trainer._before_updates(trainer._reduced_batch(raw, prepared, torch.device("cpu")))
         model.zero_grad()
         loss = trainer._compute_loss(model, inputs)
         trainer.accelerator.backward(loss)
@@ -245,12 +251,12 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
 
     head = forward_flops(trainer.model_shape, 0, 1, 0)  # 2 N_head per logit position
     # forward + backward over forward_chunk_rows = 2 rows; with backward chunks, a no-grad pass over those and the
-    # forward + backward over one-row chunks, whose KL reference also runs per one-row chunk
+    # forward + backward over one-row chunks. The KL reference runs once, before the updates, over 2-row chunks
     saved = head * skipped(2) + 3.0 * head * skipped(1) if chunk_rows else 3.0 * head * skipped(2)
     assert every_trainer.step_ledger.flops["train"] - trainer.step_ledger.flops["train"] == pytest.approx(saved)
     if beta > 0:
         assert every_trainer.step_ledger.flops["reference"] - trainer.step_ledger.flops["reference"] == \
-            pytest.approx(head * skipped(1 if chunk_rows else 2))
+            pytest.approx(head * skipped(2))
 
 
 def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path):
@@ -263,7 +269,7 @@ def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path
 
     trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat")
     trainer.method = TooFewPositions(NAT.Config(scheme="urs"))
-    raw = loss_inputs(trainer)
+    raw = raw_inputs()
     batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
                               raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
     inputs = trainer._reduced_batch(raw, prepare_batch(trainer.method, batch, trainer.step_context()),

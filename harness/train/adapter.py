@@ -17,7 +17,8 @@ TRL computes no old-policy or reference log-probs itself (TRL's own beta = 0; it
 off while it generates). With one optimizer step per generation batch (the default) pi_old = pi_theta and the
 ratio is 1. With ``train.mini_batches`` x ``train.ppo_epochs`` > 1 steps per generation batch, ``_prepare_inputs``
 splits the reduced batch into mini-batches of whole prompt groups and one no-grad forward over the reduced batch
-gives pi_old before the first update. The reference forward (beta > 0) runs here on the reduced batch. The TRL
+gives pi_old before the first update. The reference forward (beta > 0) runs here on the reduced batch, once per
+generation batch before the updates (``_before_updates``), as verl computes its ref log-probs. The TRL
 internals this relies on (version pin, signatures of the overridden methods, no forward of TRL's own) are pinned
 by the contract tests in tests/test_trainer.py.
 """
@@ -336,9 +337,17 @@ class TargetedGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
                                f"{self.state.global_step}; a method must keep at least one token")
         self._log_train("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
-        reduced = self._reduced_batch(out, prepared, device)
+        return self._before_updates(self._reduced_batch(out, prepared, device))
+
+    def _before_updates(self, reduced: dict) -> dict:
+        """The no-grad passes over the reduced batch, once before its optimizer steps (verl computes old and
+        reference log-probs once per generation batch too): pi_old when the batch feeds several steps, pi_ref when
+        there is a reference model (KL term, or a method reading ref_logp), at the method's ``loss_positions``."""
         if self.updates_per_generation > 1:
             reduced[f"{ROLLOUT_KEY_PREFIX}old_logp"] = self._rollout_policy_logp(reduced)
+        if self.ref_policy is not None:
+            positions = self.method.loss_positions(self._rollout_batch_from_inputs(reduced), self.step_context())
+            reduced[f"{ROLLOUT_KEY_PREFIX}ref_logp"] = self._reference_logp(reduced, positions)
         return reduced
 
     def _dynamically_sampled(self, inputs: list[dict]) -> tuple[dict, torch.Tensor]:
@@ -471,27 +480,22 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return statistics_by_row_chunks(inputs, self.preset.train.forward_chunk_rows, lambda chunk: (
             self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
 
-    def _reference_logp(self, inputs: dict | RowChunk, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """log pi_ref (no grad) of the whole batch (a dict) or of one row chunk, timed as the reference phase."""
+    def _reference_logp(self, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_ref (no grad) of a batch, timed as the reference phase."""
         started = self.clock.start()
         with torch.no_grad():
-            if isinstance(inputs, RowChunk):
-                ref_logp = self._row_chunk_statistics(self.ref_policy, inputs, (), "reference", False,
-                                                      loss_positions)["logp"]
-            else:
-                ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False,
-                                                    loss_positions)["logp"]
+            ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False, loss_positions)["logp"]
         self.clock.stop("reference", started)
         return ref_logp
 
-    def _token_stats(self, model, inputs: dict, backward: bool = True, reference: bool = True,
+    def _token_stats(self, model, inputs: dict, backward: bool = True,
                      loss_positions: torch.Tensor | None = None) -> TokenStats:
         """Current-policy statistics; old_logp is the rollout policy's (``_rollout_policy_logp``) when the batch
-        feeds several optimizer steps, else logp.detach() (pi_old = pi_theta)."""
+        feeds several optimizer steps, else logp.detach() (pi_old = pi_theta); ref_logp the reference's, computed
+        once per generation batch (``_before_updates``), None without a reference model."""
         extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & set(EXTRA_STATISTICS)))
         stats = self._chunked_statistics(model, inputs, extras, "train", backward, loss_positions)
-        ref_logp = (self._reference_logp(inputs, loss_positions) if reference and self.ref_policy is not None
-                    else None)
+        ref_logp = inputs.get(f"{ROLLOUT_KEY_PREFIX}ref_logp")
         old_logp = inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp")
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
                           entropy=stats.get("entropy"), sum_p2=stats.get("sum_p2"), ref_logp=ref_logp)
@@ -513,10 +517,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         in_chunks = bool(chunk_rows) and batch.completion_mask.shape[0] > chunk_rows
         positions = self.method.loss_positions(batch, ctx)  # (B, T) bool or None: the LM head runs only there
         with torch.no_grad() if in_chunks else nullcontext():
-            # in chunks, the reference forward of the KL term runs per chunk (a method reading ref_logp needs it here)
-            stats = self._token_stats(model, inputs, backward=not in_chunks,
-                                      reference=not in_chunks or "ref_logp" in self.method.needs_at(ctx),
-                                      loss_positions=positions)
+            stats = self._token_stats(model, inputs, backward=not in_chunks, loss_positions=positions)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         loss_inputs = loss_inputs_for(self.method, batch, result, ctx, positions,
                                       old_logp=inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp"), ref_logp=stats.ref_logp)
@@ -542,9 +543,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         done, parts = torch.zeros((), device=loss_inputs.mask.device), []
         for index, chunk in enumerate(chunks):
             logp = self._row_chunk_statistics(model, chunk, (), "train", True, loss_positions)["logp"]
-            ref_logp = self._reference_logp(chunk, loss_positions) if config.beta > 0 else None
             rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
-            loss, metrics = loss_of_rows(logp, rows, config, ref_logp=ref_logp)
+            loss, metrics = loss_of_rows(logp, rows, config)
             parts.append((metrics, rows.mask.sum()))
             if index == len(chunks) - 1:
                 return loss + done, combine_row_metrics(parts)  # the whole loss's value; the last chunk's gradient
@@ -695,7 +695,7 @@ def loss_inputs(trainer: TargetedGRPOTrainer, rollouts: dict, ctx: StepContext) 
                               rollouts["group_ids"], train.scale_rewards, trainer.special_token_ids)
     prepared = prepare_batch(trainer.method, batch, ctx)
     out = {k: rollouts[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-    return trainer._reduced_batch(out, prepared, rollouts["completion_ids"].device)
+    return trainer._before_updates(trainer._reduced_batch(out, prepared, rollouts["completion_ids"].device))
 
 
 class PhaseProbe:

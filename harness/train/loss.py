@@ -186,13 +186,12 @@ class LossInputs:
                           cut(self.kl_weights), self.kl_denominator, cut(self.old_logp), cut(self.ref_logp))
 
 
-def loss_of_rows(logp: torch.Tensor, inputs: LossInputs, config: LossConfig,
-                 ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``policy_loss`` of a set of rows, (B, T) logp with grad; ``ref_logp`` overrides ``inputs.ref_logp``."""
+def loss_of_rows(logp: torch.Tensor, inputs: LossInputs,
+                 config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``policy_loss`` of a set of rows, (B, T) logp with grad."""
     old_logp = logp.detach() if inputs.old_logp is None else inputs.old_logp
-    ref_logp = inputs.ref_logp if ref_logp is None else ref_logp
     return policy_loss(logp, old_logp, inputs.advantages, inputs.mask, inputs.weights, inputs.denominator, config,
-                       ref_logp, inputs.kl_weights, inputs.kl_denominator)
+                       inputs.ref_logp, inputs.kl_weights, inputs.kl_denominator)
 
 
 def combine_row_metrics(parts: list[tuple[dict[str, torch.Tensor], torch.Tensor]]) -> dict[str, torch.Tensor]:
