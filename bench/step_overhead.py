@@ -296,6 +296,9 @@ def analyse(per_variant: dict, settings: dict, env: dict, elapsed: float) -> dic
         common = sorted(set(a) & set(b))
         return paired_ratio(_series([a[k] for k in common], key), _series([b[k] for k in common], key))
 
+    # on a loaded machine (load average above the CPU count at the start) wall time includes waiting for other
+    # processes' turns, which does not pair out; the process's own CPU time then carries the verdicts
+    judged_on = "cpu" if env["load_average"][0] > env["hardware"]["cpu_count"] else "wall"
     comparisons = []
     for v in variants:
         base = v.partition("+")[0]
@@ -319,15 +322,16 @@ def analyse(per_variant: dict, settings: dict, env: dict, elapsed: float) -> dic
             expected = (gen + train * flops_ratio) / (gen + train)  # time proportional to the FLOPs computed
             comp.update(train_flops_ratio=flops_ratio, expected_step_ratio=expected,
                         target=f"< 1 and <= expected x {OVERHEAD_TARGET}")
-            measured = comp["step_wall"]["median"]
+            measured = comp[f"step_{judged_on}"]["median"]
             comp["met"] = measured < 1.0 and measured <= expected * OVERHEAD_TARGET
         else:
             target = OVERHEAD_TARGET if v == "uniform" else SELECTION_TARGET
             comp["target"] = f"<= {target}"
-            comp["met"] = comp["step_wall"]["median"] <= target
+            comp["met"] = comp[f"step_{judged_on}"]["median"] <= target
         comparisons.append(comp)
     return {"benchmark": "step_overhead", "preset": settings["preset"], "settings": settings, "environment": env,
-            "elapsed_s": elapsed, "stats": stats, "comparisons": comparisons, "raw": per_variant}
+            "judged_on": judged_on, "elapsed_s": elapsed, "stats": stats, "comparisons": comparisons,
+            "raw": per_variant}
 
 
 def summary_markdown(record: dict) -> str:
@@ -361,6 +365,9 @@ def summary_markdown(record: dict) -> str:
                      "yes" if c["identical_rollouts"] else "no"])
     lines.append(table(["ratio", "step (wall)", "train part (wall)", "step (CPU)", "expected", "target", "verdict",
                         "same rollouts"], rows))
+    if record.get("judged_on") == "cpu":
+        lines += ["", "Verdicts on the step's process CPU time: the machine was loaded (load average above the CPU "
+                  "count), so wall times include waiting for other processes and their ratios are wide."]
     return "\n".join(lines)
 
 
