@@ -35,7 +35,9 @@ def tiny_sweep(tmp_path_factory):
     overrides = [f"results_dir={root}", "data.synthetic.n_train=300", "data.synthetic.n_eval=4",
                  "data.synthetic.n_ood=4", "warmstart.steps=10", "warmstart.batch_size=8",
                  "train.prompts_per_step=2", "train.num_generations=4", "train.max_completion_length=40",
-                 "train.budget.kind=steps"]
+                 # one optimizer step per generation batch: the step counts of these tests; the preset's two
+                 # mini-batches run in the sweep integration test, mini-batch updates in test_minibatches.py
+                 "train.budget.kind=steps", "train.mini_batches=1"]
     resolved = resolve({"name": "tiny", "preset": "tiny"}, overrides)
     paths = SweepPaths(resolved.results_dir)
     prepare_data(resolved, paths)

@@ -7,7 +7,7 @@ import trl
 from datasets import Dataset
 
 from harness.config.launch import per_device_rollouts
-from harness.config.schema import ConfigError, PresetConfig, resolve
+from harness.config.schema import ConfigError, PresetConfig, TrainConfig, resolve
 from harness.model.checkpoints import load_policy
 from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
 from harness.train.row_chunks import split_by_prompt_groups
@@ -156,18 +156,19 @@ def test_config_keys_are_checked(overrides, message):
         resolve({"name": "t", "preset": "tiny"}, overrides)
 
 
-def test_config_defaults_keep_one_step_per_generation_batch(tmp_path):
+def test_config_defaults_and_the_tiny_presets_two_mini_batches(tmp_path):
     resolved = resolve({"name": "t", "preset": "tiny"}, ["train.mini_batches=4", "train.ppo_epochs=2",
                                                          "train.clip_ratio_c=3", "train.kl_estimator=low_var_kl"])
     train = resolved.preset.train
     assert (train.mini_batches, train.ppo_epochs, train.clip_ratio_c, train.kl_estimator) == (4, 2, 3.0, "low_var_kl")
     args = grpo_config(resolved.preset, tmp_path, seed=0)
     assert (args.steps_per_generation, args.num_iterations, args.per_device_train_batch_size) == (4, 2, 32)
-    default = resolve({"name": "t", "preset": "tiny"}).preset
-    assert (default.train.mini_batches, default.train.ppo_epochs) == (1, 1)
-    assert default.train.clip_ratio_c is None and default.train.kl_estimator == "k3"
-    args = grpo_config(default, tmp_path, seed=0)
-    assert (args.steps_per_generation, args.num_iterations, args.per_device_train_batch_size) == (1, 1, 128)
+    assert (TrainConfig().mini_batches, TrainConfig().ppo_epochs) == (1, 1)  # the schema: one step per batch
+    tiny = resolve({"name": "t", "preset": "tiny"}).preset  # the default sweep's preset: two mini-batch updates
+    assert (tiny.train.mini_batches, tiny.train.ppo_epochs) == (2, 1)
+    assert tiny.train.clip_ratio_c is None and tiny.train.kl_estimator == "k3"
+    args = grpo_config(tiny, tmp_path, seed=0)
+    assert (args.steps_per_generation, args.num_iterations, args.per_device_train_batch_size) == (2, 1, 64)
 
 
 def test_gmts_scores_the_current_policy_against_the_rollout_policy_on_every_mini_batch(tiny_model_dir, tmp_path):

@@ -24,7 +24,8 @@ CI_SWEEP = {
     "data": {"synthetic": {"n_train": 1000, "n_eval": 12, "n_ood": 8}},
     "warmstart": {"steps": 15, "batch_size": 16},
     "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 40,
-              "budget": {"kind": "steps", "amount": 2, "checkpoint_fractions": [0.5, 1.0]}},
+              # 2 generation batches of the preset's 2 mini-batch steps each
+              "budget": {"kind": "steps", "amount": 4, "checkpoint_fractions": [0.5, 1.0]}},
     "eval": {"k": 2, "max_gen_toks": 40},
 }
 
@@ -73,12 +74,14 @@ def test_leaderboard_equals_the_per_sample_files(completed_sweep):
 def test_runs_record_config_provenance_and_budget(completed_sweep):
     _, _, root = completed_sweep
     run = json.loads((root / "runs" / "uniform" / "seed0" / "run.json").read_text())
-    assert run["budget"]["spent_steps"] == 2 and run["budget"]["checkpoints"] == {"ckpt-050": 1, "ckpt-100": 2}
-    assert run["config"]["preset"]["train"]["budget"]["amount"] == 2
+    assert run["budget"]["spent_steps"] == 4 and run["budget"]["checkpoints"] == {"ckpt-050": 2, "ckpt-100": 4}
+    assert run["config"]["preset"]["train"]["budget"]["amount"] == 4
     assert set(run["provenance"]) >= {"versions", "git", "hardware", "data_sha256"}
     assert run["provenance"]["versions"]["trl"] == "1.16.0"
     metrics = [json.loads(line) for line in (root / "runs" / "uniform" / "seed0" / "metrics.jsonl").open()]
-    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    old = [m["flops/old_logp_total"] for m in metrics]  # the preset's mini-batches: one old-policy pass per batch
+    assert old[0] > 0 and old[1] == old[0] and old[2] > old[1] and old[3] == old[2]
     assert {"reward", "reward_std", "entropy", "completions/mean_length", "clip_ratio/region_mean",
             "tokens/generated_total", "budget/flops_total", "seconds/train_total", "step_time"} <= set(metrics[0])
     for ckpt in ("ckpt-050", "ckpt-100"):
