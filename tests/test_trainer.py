@@ -205,9 +205,10 @@ def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir,
     assert chunked_ledger.flops["train"] > whole_ledger.flops["train"]
 
 
-@pytest.mark.parametrize("beta, chunk_rows", [(0.0, 0), (0.1, 0), (0.1, 1)])
+@pytest.mark.parametrize("beta, chunk_rows, mini_batches", [(0.0, 0, 1), (0.1, 0, 1), (0.1, 1, 1), (0.1, 0, 2)])
 def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_gradient(tiny_model_dir, tmp_path,
-                                                                                          beta, chunk_rows):
+                                                                                          beta, chunk_rows,
+                                                                                          mini_batches):
     from harness.train.budget import forward_flops
     from harness.train.hooks import new_rollout_batch, prepare_batch
     from harness.train.row_chunks import row_chunks
@@ -219,7 +220,7 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
 
     def loss_and_grads(method):
         trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat", beta=beta, backward_chunk_rows=chunk_rows,
-                                      forward_chunk_rows=2)
+                                      forward_chunk_rows=2, mini_batches=mini_batches)
         trainer.method = method
         with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
             for p in model.parameters():
@@ -256,6 +257,10 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     assert every_trainer.step_ledger.flops["train"] - trainer.step_ledger.flops["train"] == pytest.approx(saved)
     if beta > 0:
         assert every_trainer.step_ledger.flops["reference"] - trainer.step_ledger.flops["reference"] == \
+            pytest.approx(head * skipped(2))
+    if mini_batches > 1:  # the old-policy pass before the updates skips the same logits (loss against it: above)
+        assert f"{ROLLOUT_KEY_PREFIX}old_logp" in inputs
+        assert every_trainer.step_ledger.flops["old_logp"] - trainer.step_ledger.flops["old_logp"] == \
             pytest.approx(head * skipped(2))
 
 

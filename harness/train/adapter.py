@@ -286,11 +286,12 @@ class TargetedGRPOTrainer(GRPOTrainer):
         finally:
             self.args.steps_per_generation, self.num_iterations = saved
 
-    def _rollout_policy_logp(self, inputs: dict) -> torch.Tensor:
-        """log pi_old (B, T) of the reduced batch before its first update: one no-grad forward, phase old_logp."""
+    def _rollout_policy_logp(self, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_old (B, T) of the reduced batch before its first update: one no-grad forward, phase old_logp; the
+        LM head only at ``loss_positions`` (the method's, or None: every position)."""
         started = self.clock.start()
         with torch.no_grad():
-            logp = self._chunked_statistics(self.model, inputs, (), "old_logp", backward=False)["logp"]
+            logp = self._chunked_statistics(self.model, inputs, (), "old_logp", False, loss_positions)["logp"]
         self.clock.stop("old_logp", started)
         return logp
 
@@ -342,11 +343,11 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _before_updates(self, reduced: dict) -> dict:
         """The no-grad passes over the reduced batch, once before its optimizer steps (verl computes old and
         reference log-probs once per generation batch too): pi_old when the batch feeds several steps, pi_ref when
-        there is a reference model (KL term, or a method reading ref_logp), at the method's ``loss_positions``."""
+        there is a reference model (KL term, or a method reading ref_logp); both at the method's ``loss_positions``."""
+        positions = self.method.loss_positions(self._rollout_batch_from_inputs(reduced), self.step_context())
         if self.updates_per_generation > 1:
-            reduced[f"{ROLLOUT_KEY_PREFIX}old_logp"] = self._rollout_policy_logp(reduced)
+            reduced[f"{ROLLOUT_KEY_PREFIX}old_logp"] = self._rollout_policy_logp(reduced, positions)
         if self.ref_policy is not None:
-            positions = self.method.loss_positions(self._rollout_batch_from_inputs(reduced), self.step_context())
             reduced[f"{ROLLOUT_KEY_PREFIX}ref_logp"] = self._reference_logp(reduced, positions)
         return reduced
 
