@@ -45,7 +45,7 @@ from _common import (
 )
 from step_overhead import build_variant, run_block
 
-PROTOCOLS = {  # variant suffix "+<name>" -> preset overrides
+PROTOCOLS = {  # variant suffix "+<name>" -> preset overrides, after step_overhead's ONE_STEP_PER_GENERATION
     "k2": ["train.mini_batches=2"],
     "k4": ["train.mini_batches=4"],
     "k2e2": ["train.mini_batches=2", "train.ppo_epochs=2"],

@@ -63,6 +63,9 @@ DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work th
 # needs a budget that counts generation: samples, never reached
 OPTIONS = {"nogc": ["train.activation_checkpointing=false"],
            "ds": ["train.dynamic_sampling.enabled=true", "train.budget.kind=samples", "train.budget.amount=1e15"]}
+# a block is one generation batch of one optimizer step (r = 1) whatever the preset takes (tiny: 2 mini-batches): a
+# ratio compares methods per optimizer step on the same rollouts; bench/protocol_cost.py measures mini-batch steps
+ONE_STEP_PER_GENERATION = ["train.mini_batches=1", "train.ppo_epochs=1"]
 DYNAMIC_SAMPLING_KEYS = ("dynamic_sampling/groups_generated", "dynamic_sampling/groups_with_signal",
                          "dynamic_sampling/groups_kept", "dynamic_sampling/groups_filled", "dynamic_sampling/rounds",
                          "dynamic_sampling/rounds_exhausted")
@@ -93,7 +96,7 @@ def build_variant(variant: str, preset: str, args, progress: float | None, optio
     label, _, option = variant.partition("+")
     if option and option not in options:
         raise ValueError(f"unknown variant option {option!r} (known: {', '.join(options)})")
-    overrides = [*args.set, *NEVER_REACHED_BUDGET, *options.get(option, [])]
+    overrides = [*ONE_STEP_PER_GENERATION, *args.set, *NEVER_REACHED_BUDGET, *options.get(option, [])]
     resolved, paths = sweep(preset, args.workdir, args.warmstart_steps, overrides)
     out_dir = args.workdir / folder / variant.replace("+", "_")
     out_dir.mkdir(parents=True, exist_ok=True)
