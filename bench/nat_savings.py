@@ -10,10 +10,13 @@ What is measured is exactly the trainer's training side: ``harness.train.adapter
 NAT's ``before_forward`` draws the cut, the batch is truncated), the trainer's ``compute_loss`` (rows sorted by
 length and cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
 statistics) and ``loss.backward()``. The cut differs per repeat (``ctx.step = repeat``), so the saving averages over
-cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts, so the batch is padded to
-the longest kept prefix of all rows) and 1 (every row trimmed to its own cut).
+cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts) and 1 (every row its own
+forward). ``train.padding_free`` is varied too (``--padding-free on,off``): on, each chunk's real tokens run as one
+packed sequence (the default); off, the chunk is padded to its longest kept row (before: with 16 rows per chunk
+NAT's cut then saved little, every chunk being as long as its longest kept prefix).
 
-Time: uniform and NAT interleaved in one process (U N N U ...), one warm-up pair, medians over pairs.
+Time: uniform and NAT, with and without padding, interleaved in one process (the order reversed every repeat),
+one warm-up round, medians over rounds; "uniform / padded" is packed uniform over padded uniform of the same round.
 Memory: one subprocess per (setting, variant); after a warm-up forward + backward (gradients then freed, as
 ``zero_grad(set_to_none=True)`` does between steps) the RSS is the baseline, the kernel's peak mark (VmHWM) is reset
 (/proc/self/clear_refs) before each measured forward + backward, and the peak above the baseline is read
@@ -110,7 +113,7 @@ class Harness:
     """The trainer of a uniform run on the preset's warm start (``harness.train.run.build_trainer``); the method is
     swapped between uniform and NAT."""
 
-    def __init__(self, args, chunk_rows: int, checkpointing: str = "on"):
+    def __init__(self, args, chunk_rows: int, checkpointing: str = "on", padding_free: str = "on"):
         import torch
 
         from harness.config.schema import load_method
@@ -133,6 +136,10 @@ class Harness:
             self.model.activation_checkpointing_enable(
                 activation_checkpointing_kwargs=dict(args.activation_checkpointing_kwargs or {}) or None)
         self.checkpointing = checkpointing == "on" and bool(args.activation_checkpointing)
+        self.padding_free(padding_free)
+
+    def padding_free(self, mode: str) -> None:
+        self.trainer.preset.train.padding_free = mode == "on"
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
         """The loss inputs of ``batch`` under ``variant``'s hooks; another NAT cut in every ``repeat``."""
@@ -199,7 +206,7 @@ def child(args) -> None:
     """Memory of one variant in this fresh process: warm-up, then ``--mem-repeats`` measured forward + backward."""
     import torch
 
-    harness = Harness(args, args.chunk_rows_one, args.checkpointing_one)
+    harness = Harness(args, args.chunk_rows_one, args.checkpointing_one, args.padding_free_one)
     batch = torch.load(batch_path(args.workdir, args.length, args.preset), weights_only=True)
     n_params = sum(p.numel() for p in harness.model.parameters())
     harness.forward_backward(harness.inputs(batch, args.variant, 10_000, args.length))  # warm-up, another cut
@@ -217,13 +224,14 @@ def child(args) -> None:
                       ru_maxrss_before=maxrss0, ru_maxrss_after=ru_maxrss_bytes(), grad_bytes=4 * n_params)
         runs.append(result)
     print(json.dumps({"variant": args.variant, "length": args.length, "chunk_rows": args.chunk_rows_one,
-                      "checkpointing": harness.checkpointing,
+                      "checkpointing": harness.checkpointing, "padding_free": args.padding_free_one,
                       "runs": runs, "process_peak_ru_maxrss": ru_maxrss_bytes()}))
 
 
-def memory_runs(length: int, chunk_rows: int, checkpointing: str, variant: str, args) -> dict:
+def memory_runs(length: int, chunk_rows: int, checkpointing: str, padding_free: str, variant: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--chunk-rows-one",
-           str(chunk_rows), "--checkpointing-one", checkpointing, "--mem-repeats", str(args.mem_repeats),
+           str(chunk_rows), "--checkpointing-one", checkpointing, "--padding-free-one", padding_free,
+           "--mem-repeats", str(args.mem_repeats),
            "--workdir", str(args.workdir), "--results", str(args.results), "--preset",
            args.preset, "--warmstart-steps", str(args.warmstart_steps)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
@@ -240,6 +248,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--chunk-rows", default="16,1", help="train.forward_chunk_rows values")
     parser.add_argument("--checkpointing", default="on",
                         help="activation checkpointing: on (as training runs today: TRL's default) and/or off")
+    parser.add_argument("--padding-free", default="on,off",
+                        help="train.padding_free: on (packed, the default) and/or off (padded), interleaved")
     parser.add_argument("--grid", default="",
                         help="explicit settings length:chunk_rows:checkpointing,... instead of the product")
     parser.add_argument("--repeats", type=int, default=5, help="measured (uniform, NAT) pairs per setting")
@@ -252,6 +262,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--chunk-rows-one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--checkpointing-one", default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--padding-free-one", default="on", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args)
@@ -278,29 +289,36 @@ def main(argv=None) -> dict:
         harness = Harness(args, rows, ck)
         for length in [g[0] for g in grid if (g[1], g[2]) == (rows, ck)]:
             batch = torch.load(batch_path(args.workdir, length, args.preset), weights_only=True)
-            timing = {"uniform": [], "nat": []}
-            for repeat in range(args.repeats + 1):  # repeat 0: warm-up pair
-                order = ("uniform", "nat") if repeat % 2 == 0 else ("nat", "uniform")
-                for variant in order:
+            modes = [m for m in args.padding_free.split(",") if m]
+            combos = [(variant, mode) for mode in modes for variant in ("uniform", "nat")]
+            timing = {combo: [] for combo in combos}
+            for repeat in range(args.repeats + 1):  # repeat 0: warm-up round
+                for variant, mode in (combos if repeat % 2 == 0 else combos[::-1]):
+                    harness.padding_free(mode)
                     result = harness.forward_backward(harness.inputs(batch, variant, repeat, length))
                     result["repeat"] = repeat
-                    timing[variant].append(result)
+                    timing[variant, mode].append(result)
             print(f"[bench] timing L={length} chunk_rows={rows} checkpointing={ck} done "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-            settings.append({"length": length, "chunk_rows": rows, "checkpointing": harness.checkpointing,
-                             "checkpointing_arg": ck, "timing": timing,
-                             "batch": {"rows": int(batch["completion_ids"].shape[0]),
-                                       "prompt_tokens_per_row": batch["prompt_tokens"] / batch["rows"],
-                                       "mean_completion_length": batch["generated_tokens"] / batch["rows"],
-                                       "max_completion_length": length,
-                                       "completion_lengths": batch["completion_mask"].sum(dim=1).tolist()}})
+            for mode in modes:
+                settings.append({"length": length, "chunk_rows": rows, "checkpointing": harness.checkpointing,
+                                 "checkpointing_arg": ck, "padding_free": mode,
+                                 "timing": {v: timing[v, mode] for v in ("uniform", "nat")},
+                                 "padded_uniform": timing["uniform", "off"] if mode == "on" and "off" in modes
+                                 else None,
+                                 "batch": {"rows": int(batch["completion_ids"].shape[0]),
+                                           "prompt_tokens_per_row": batch["prompt_tokens"] / batch["rows"],
+                                           "mean_completion_length": batch["generated_tokens"] / batch["rows"],
+                                           "max_completion_length": length,
+                                           "completion_lengths": batch["completion_mask"].sum(dim=1).tolist()}})
         del harness
     if not args.skip_memory:
         for setting in settings:
             setting["memory"] = {}
             for variant in ("uniform", "nat"):
                 setting["memory"][variant] = memory_runs(setting["length"], setting["chunk_rows"],
-                                                         setting["checkpointing_arg"], variant, args)
+                                                         setting["checkpointing_arg"], setting["padding_free"],
+                                                         variant, args)
                 print(f"[bench] memory L={setting['length']} chunk_rows={setting['chunk_rows']} {variant} done "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
     record = analyse(settings, args, resolved, env, time.perf_counter() - started)
@@ -328,6 +346,9 @@ def analyse(settings: list[dict], args, resolved, env: dict, elapsed: float) -> 
                                   "nat": statistics.median(r["saved_bytes"] for r in n) / MB},
                      "saved_activation_ratio": paired_ratio([r["saved_bytes"] for r in n],
                                                             [r["saved_bytes"] for r in u])}
+        if s.get("padded_uniform"):  # packed uniform over padded uniform of the same rounds
+            padded = [r for r in s["padded_uniform"] if r["repeat"] > 0]
+            s["time"]["uniform_vs_padded"] = paired_ratio([r["wall_s"] for r in u], [r["wall_s"] for r in padded])
         s["time"]["met"] = s["time"]["saved"] >= TIME_TARGET
         if "memory" in s:
             mem = {}
@@ -349,7 +370,7 @@ def analyse(settings: list[dict], args, resolved, env: dict, elapsed: float) -> 
     train = resolved.preset.train
     return {"benchmark": "nat_savings", "preset": resolved.preset.name,
             "settings": {"lengths": sorted({r["length"] for r in settings}), "chunk_rows": args.chunk_rows,
-                         "grid": args.grid, "checkpointing": args.checkpointing,
+                         "grid": args.grid, "checkpointing": args.checkpointing, "padding_free": args.padding_free,
                          "repeats": args.repeats, "mem_repeats": args.mem_repeats, "threads": train.threads,
                          "stats_chunk_size": train.stats_chunk_size, "prompts_per_step": train.prompts_per_step,
                          "num_generations": train.num_generations,
@@ -364,8 +385,9 @@ def summary_markdown(record: dict) -> str:
     s = record["settings"]
     lines = [f"## NAT-RPC savings ({record['preset']} preset, training forward + backward)", "",
              f"{record['environment']['date']}; {s['prompts_per_step']} x {s['num_generations']} "
-             f"rollouts, {s['threads']} threads, {s['repeats']} measured pairs per setting (interleaved, cut redrawn "
-             f"per pair), memory: {s['mem_repeats']} runs per subprocess; machine "
+             f"rollouts, {s['threads']} threads, {s['repeats']} measured rounds per setting (uniform and NAT, packed "
+             f"and padded, interleaved, cut redrawn per round), memory: {s['mem_repeats']} runs per subprocess; "
+             f"machine "
              f"{machine_state(record['environment'])}.", ""]
     rows = []
     for r in record["results"]:
@@ -373,21 +395,27 @@ def summary_markdown(record: dict) -> str:
         m = r.get("memory_summary")
         rows.append([
             f"{r['length']} ({b['mean_completion_length']:.0f} / prompt {b['prompt_tokens_per_row']:.0f})",
-            r["chunk_rows"], "on" if r["checkpointing"] else "off", f"{t['tokens_kept_frac']:.2f}",
-            f"{t['positions_ratio']:.2f}",
-            f"{t['uniform_s']['median']:.2f}", fmt_ratio(t["ratio_wall"]), f"{100 * t['saved']:.0f}%",
+            r["chunk_rows"], "on" if r["checkpointing"] else "off", r.get("padding_free", "off"),
+            f"{t['tokens_kept_frac']:.2f}", f"{t['positions_ratio']:.2f}",
+            f"{t['uniform_s']['median']:.2f}",
+            fmt_ratio(t["uniform_vs_padded"]) if "uniform_vs_padded" in t else "", fmt_ratio(t["ratio_wall"]),
+            f"{100 * t['saved']:.0f}%",
             verdict(t["met"]),
             f"{t['saved_mb']['uniform']:.0f} / {t['saved_mb']['nat']:.0f} "
             f"({100 * (1 - t['saved_activation_ratio']['median']):.0f}% less)",
             f"{m['uniform']['working_mb']:.0f} / {m['nat']['working_mb']:.0f}" if m else "",
             f"{100 * m['saved_working']:.0f}% (act. {100 * m['saved_activation']:.0f}%, process "
             f"{100 * m['saved_process']:.0f}%)" if m else "", verdict(m["met"]) if m else "n/a"])
-    lines.append(table(["max len (mean completion / prompt)", "chunk rows", "act. ckpt", "tokens kept",
-                        "positions kept",
-                        "uniform fwd+bwd s", "time NAT/uniform", "time saved", f">= {100 * TIME_TARGET:.0f}%",
+    lines.append(table(["max len (mean completion / prompt)", "chunk rows", "act. ckpt", "padding-free",
+                        "tokens kept", "positions kept", "uniform fwd+bwd s", "uniform / padded", "time NAT/uniform",
+                        "time saved", f">= {100 * TIME_TARGET:.0f}%",
                         "kept for backward MB U / N", "working MB U / N", "memory saved",
                         f">= {100 * MEMORY_TARGET:.0f}%"], rows))
-    lines += ["", "Kept for backward = bytes of the distinct non-parameter tensors autograd holds when the forward "
+    lines += ["", "Padding-free on: each forward chunk's real tokens packed into one sequence (the default, "
+              "`train.padding_free`); off: the chunk padded to its longest kept row. Uniform / padded: packed uniform "
+              "over padded uniform, same rounds. Positions kept: NAT's trained positions over uniform's (the ledger "
+              "counts what is computed).", "",
+              "Kept for backward = bytes of the distinct non-parameter tensors autograd holds when the forward "
               "ends (exact; median over the timed pairs). Working memory = peak RSS above the pre-step RSS during "
               "one forward + backward in a fresh subprocess, parameter gradients included (act. = without them; "
               "process = whole-process peak); the memory target is judged on it."]

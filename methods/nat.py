@@ -22,8 +22,8 @@ logits at t <= c_i depend only on prompt + y[:c_i], so the kept tokens' log-prob
 (tested with a tiny Llama). The saving: about half the completion tokens per row, (|o| + 1) / (2 |o|) kept on
 average. Padding would hide it: ``prepare_batch`` cuts only the columns past the longest kept prefix of the
 whole batch, and E[max_i c_i] / |o| = B / (B + 1) for B rows of one length. The harness trainer therefore sorts
-rows by kept length and runs the forward in row chunks (``train.forward_chunk_rows``), each trimmed to its own
-longest row, so the per-row saving is real and counted in the FLOPs budget. Metric ``forward_length_frac``
+rows by kept length and runs the forward in row chunks (``train.forward_chunk_rows``), each packed without padding
+(``train.padding_free``), so the per-row saving is real and counted in the FLOPs budget. Metric ``forward_length_frac``
 reports the whole-batch padded shrink. URS cannot shorten
 sequences: a kept token needs every earlier position in the forward, so URS leaves ``completion_mask`` (which may
 also serve as the attention mask) untouched. Its saving is the LM head: ``loss_positions`` gives the sampled tokens

@@ -211,7 +211,7 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
                                                                                           mini_batches):
     from harness.train.budget import forward_flops
     from harness.train.hooks import new_rollout_batch, prepare_batch
-    from harness.train.row_chunks import row_chunks
+    from harness.train.row_chunks import packed_rows, row_chunks
     from methods.nat import NAT
 
     class EveryPosition(NAT):  # the same weights, the LM head at every position (what ran before)
@@ -247,7 +247,8 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     assert 0 < int(sampled.sum()) < int(inputs["completion_mask"].sum())
 
     def skipped(rows_per_chunk):  # logit positions not computed; a chunk without a sampled token still runs one
-        return sum(len(c.rows) * c.completion_width - max(int(sampled[c.rows].sum()), 1)
+        # (every position: each row's completion tokens up to its last real one, the padding-free forward)
+        return sum(int(packed_rows(c).valid.sum()) - max(int(sampled[c.rows].sum()), 1)
                    for c in row_chunks(inputs, rows_per_chunk))
 
     head = forward_flops(trainer.model_shape, 0, 1, 0)  # 2 N_head per logit position
@@ -292,3 +293,72 @@ def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
         clip_eps_low=0.1, clip_eps_high=0.3, clip_ratio_c=3.0, beta=0.1, kl_estimator="low_var_kl")
     trainer, _ = make_trainer(tiny_model_dir, tmp_path)
     assert trainer._loss_config(trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults
+
+
+def left_padded_inputs(seed: int) -> dict:
+    """Six rows of two prompt groups: prompts of 2-5 tokens left-padded to 5, completions of 1-6 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lengths, completion_lengths = [5, 2, 4, 3, 5, 2], [6, 2, 4, 1, 5, 3]
+    prompt_ids = torch.randint(4, 40, (6, 5), generator=g)
+    prompt_mask = torch.tensor([[0] * (5 - p) + [1] * p for p in prompt_lengths])
+    completion_ids = torch.randint(4, 40, (6, 6), generator=g)
+    completion_mask = torch.tensor([[1] * c + [0] * (6 - c) for c in completion_lengths])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    return {"prompt_ids": prompt_ids * prompt_mask, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, f"{ROLLOUT_KEY_PREFIX}rewards": rewards,
+            f"{ROLLOUT_KEY_PREFIX}group_ids": torch.tensor([0, 0, 0, 1, 1, 1])}
+
+
+@pytest.mark.parametrize("method, beta", [("uniform", 0.0), ("uniform", 0.1), ("nat", 0.0), ("d3s", 0.1),
+                                          ("entropy", 0.0)])
+@pytest.mark.parametrize("forward_rows, backward_rows, checkpointing", [(16, 0, False), (2, 0, True),
+                                                                        (16, 2, True)])
+def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir, tmp_path, method, beta,
+                                                                  forward_rows, backward_rows, checkpointing):
+    # NAT cuts rows (RPC), D3S drops rollouts and selects tokens by entropy; the packed forward must give the padded
+    # forward's loss and gradients up to float noise (other matmul shapes: 1e-5 relative), and count only the real
+    # tokens it computes
+    from harness.train.budget import causal_pairs, forward_flops
+    from harness.train.hooks import new_rollout_batch, prepare_batch
+
+    def loss_and_grads(padding_free):
+        trainer, model = make_trainer(tiny_model_dir, tmp_path, method=method, beta=beta, padding_free=padding_free,
+                                      forward_chunk_rows=forward_rows, backward_chunk_rows=backward_rows)
+        with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        if checkpointing:  # backward recomputes each layer after the forward returned: it must run packed again
+            model.activation_checkpointing_enable()
+            model.train()
+        raw = left_padded_inputs(seed=4)
+        batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
+                                  raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
+        prepared = prepare_batch(trainer.method, batch, trainer.step_context())
+        inputs = trainer._before_updates(trainer._reduced_batch(raw, prepared, torch.device("cpu")))
+        model.zero_grad()
+        loss = trainer._compute_loss(model, inputs)
+        trainer.accelerator.backward(loss)
+        return loss.detach(), grads(model), trainer.step_ledger, inputs
+
+    loss, packed_grads, ledger, inputs = loss_and_grads(True)
+    padded_loss, padded_grads, padded_ledger, _ = loss_and_grads(False)
+    torch.testing.assert_close(loss, padded_loss, rtol=1e-5, atol=1e-7)
+    for a, b in zip(packed_grads, padded_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the ledger counts each row's real tokens: its prompt and its completion but the last token (no input needed)
+    prompt_lengths, completion_lengths = inputs["prompt_mask"].sum(dim=1), inputs["completion_mask"].sum(dim=1)
+    lengths = prompt_lengths + completion_lengths - 1
+    real = int(lengths.sum())
+    passes = (2 if backward_rows else 1) + (1 if beta > 0 else 0)  # no-grad pass of backward chunks; reference pass
+    assert ledger.trained_positions == real < padded_ledger.trained_positions
+    assert ledger.forwarded_positions == passes * real
+    if forward_rows >= len(lengths) and not backward_rows:  # one chunk: attention over (rows, longest row)
+        shape = trainer_shape(tiny_model_dir, tmp_path)
+        expected = 3.0 * forward_flops(shape, real, int(completion_lengths.sum()),
+                                       len(lengths) * causal_pairs(int(lengths.max())))
+        assert ledger.flops["train"] == pytest.approx(expected)
+    assert ledger.flops["train"] < padded_ledger.flops["train"]
+
+
+def trainer_shape(model_dir, tmp_path):
+    return make_trainer(model_dir, tmp_path)[0].model_shape

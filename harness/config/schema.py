@@ -196,6 +196,9 @@ class TrainConfig:
     reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
     forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
+    # pack each forward chunk's real tokens into one sequence (no padding computed in projections and MLPs;
+    # harness/train/row_chunks.py); false = each chunk padded to its longest row
+    padding_free: bool = True
     # rows per backward pass: > 0 keeps only that many rows' activations alive (one more no-grad forward over the
     # batch gives the method its statistics first); 0 = one backward over the process's whole batch
     backward_chunk_rows: int = 0

@@ -42,12 +42,25 @@ from trl import GRPOConfig, GRPOTrainer
 from harness.config.launch import per_device_rollouts, require_vllm_cpu_build
 from harness.config.schema import ConfigError, PresetConfig, dynamic_sampling_problems
 from harness.data.scoring import score_batch
-from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, generation_flops, padded_forward_flops
+from harness.train.budget import (
+    BudgetLedger,
+    ModelShape,
+    PhaseClock,
+    generation_flops,
+    packed_forward_flops,
+    padded_forward_flops,
+)
 from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, PromptStream
 from harness.train.hooks import PreparedBatch, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
-from harness.train.row_chunks import RowChunk, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
-from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics
+from harness.train.row_chunks import (
+    RowChunk,
+    packed_rows,
+    row_chunks,
+    split_by_prompt_groups,
+    statistics_by_row_chunks,
+)
+from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics, packed_model_token_statistics
 from methods.base import Method, RolloutBatch, StepContext, TokenStats
 
 # Prefix of the keys this adapter adds to TRL's batch dict for the RolloutBatch fields TRL does not carry (rewards,
@@ -463,12 +476,22 @@ class TargetedGRPOTrainer(GRPOTrainer):
         ``loss_positions`` (B, T) bool of the whole batch: the LM head runs only there (``Method.loss_positions``)."""
         train = self.preset.train
         picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
-        stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width, extras,
-                                       train.temperature, train.stats_chunk_size, picked)
-        positions = chunk.input_ids.numel()
-        flops = padded_forward_flops(self.model_shape, len(chunk.rows), chunk.input_ids.shape[1],
-                                     chunk.completion_width,
-                                     None if picked is None else max(int(picked.sum()), 1))  # >= 1: see StatisticsHead
+        if train.padding_free:
+            packed = packed_rows(chunk)
+            completion_ids = chunk.input_ids[:, -chunk.completion_width:]
+            stats = packed_model_token_statistics(model, packed, completion_ids, extras, train.temperature,
+                                                  train.stats_chunk_size, picked)
+            positions = packed.positions
+            logits = int(packed.valid.sum()) if picked is None else int((packed.valid & picked.bool()).sum())
+            flops = packed_forward_flops(self.model_shape, positions, len(chunk.rows), packed.attention_width,
+                                         max(logits, 1))  # >= 1: see StatisticsHead
+        else:
+            stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width,
+                                           extras, train.temperature, train.stats_chunk_size, picked)
+            positions = chunk.input_ids.numel()
+            flops = padded_forward_flops(self.model_shape, len(chunk.rows), chunk.input_ids.shape[1],
+                                         chunk.completion_width,
+                                         None if picked is None else max(int(picked.sum()), 1))
         self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
         self.step_ledger.forwarded_positions += positions
         if backward:

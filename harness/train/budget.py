@@ -14,11 +14,13 @@ attends to: a causal row of width L has L (L + 1) / 2 pairs.
 What is counted, phase by phase (the accounting counts what a method really skips or adds):
 - generation: each rollout's real prompt tokens (prefill) and real generated tokens, logits for the generated
   ones, attention over the growing prefix (a KV cache): sum_t t pairs. Finished rollouts cost nothing more.
-- old-policy forward (only with several optimizer steps per generation batch): the padded shape, per row chunk.
-- reference forward (only when beta > 0): the padded shape actually computed, per row chunk.
-- training forward + backward: the padded shape actually computed, per row chunk, times 3. Rollouts a method
-  drops (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted; LM-head
-  logits are counted only at the positions they are computed at (NAT's URS: the sampled ones).
+- old-policy forward (only with several optimizer steps per generation batch): what is computed, per row chunk.
+- reference forward (only when beta > 0): what is computed, per row chunk.
+- training forward + backward: what is computed, per row chunk, times 3. Padded (``train.padding_free`` off):
+  the (rows, width) shape. Padding-free: the real tokens of the chunk's rows for the body, and the attention pairs
+  of the (rows, longest row) layout that attention runs in (``packed_forward_flops``). Rollouts a method drops
+  (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted; LM-head logits are
+  counted only at the positions they are computed at (the scored completion tokens; NAT's URS: the sampled ones).
 Distributed runs: each process counts its own rollouts and forwards for the current step; at the end of the step
 the counts are summed over the processes (one all-reduce), so every process holds the same totals and stops at the
 same step, and seconds are accelerator-seconds (summed over the training devices; GPUs of a separate vLLM server
@@ -89,6 +91,13 @@ def padded_forward_flops(shape: ModelShape, rows: int, width: int, completion_wi
     ``logit_positions`` of them when the LM head runs at selected positions (NAT's URS)."""
     logits = rows * completion_width if logit_positions is None else logit_positions
     return forward_flops(shape, rows * width, logits, rows * causal_pairs(width))
+
+
+def packed_forward_flops(shape: ModelShape, positions: int, attention_rows: int, attention_width: int,
+                         logit_positions: int) -> float:
+    """One padding-free forward: ``positions`` real tokens through the body, causal attention computed over an
+    (``attention_rows``, ``attention_width``) layout, logits at ``logit_positions``."""
+    return forward_flops(shape, positions, logit_positions, attention_rows * causal_pairs(attention_width))
 
 
 class PhaseClock:

@@ -1,10 +1,14 @@
-"""Rows of a batch in chunks, each trimmed to its own longest row, and statistics stitched back to (B, T); and
-the split of a generation batch into mini-batches of whole prompt groups.
+"""Rows of a batch in chunks, each trimmed to its own longest row or packed without padding, and statistics
+stitched back to (B, T); and the split of a generation batch into mini-batches of whole prompt groups.
 
 The training forward runs ``train.forward_chunk_rows`` rows at a time (and the backward ``backward_chunk_rows``).
 Rows are sorted by length first, so each chunk holds rows of similar length and is cut to its longest prompt and
 longest kept completion: what a method truncated (NAT's prefix cutting) is not computed even when other rows of
-the batch are longer. Pure torch: the trainer passes the function that computes one chunk's statistics.
+the batch are longer. With ``train.padding_free`` (the default) a chunk is packed (``packed_rows``): its rows'
+real tokens are concatenated into one sequence, so the projections and MLPs of every layer run on real tokens only
+and a method that shortens rows saves in proportion even when a chunk holds rows of very different kept lengths
+(``harness.train.token_statistics.packed_attention_forward`` keeps attention within each row). Pure torch: the
+trainer passes the function that computes one chunk's statistics.
 """
 
 from __future__ import annotations
@@ -24,6 +28,62 @@ class RowChunk:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     completion_width: int
+
+
+@dataclass
+class PackedRows:
+    """One row chunk's real tokens as a single sequence (verl's remove-padding, TRL's ``padding_free``).
+
+    Row i contributes its real prompt tokens and its first ``c_i - 1`` completion tokens (``c_i``: position of its
+    last real completion token + 1; the last completion token predicts nothing that is scored, so it is no input).
+
+    input_ids, position_ids: (1, N), N = sum of the rows' lengths L_i, positions restart at 0 in every row (as in
+    generation). gather: (b, W), W = max L_i: index into the N tokens of row i's j-th token (its last one past L_i),
+    the layout attention runs in. scatter: (N,) index of each token in the flattened (b, W) layout. predict: (b, T')
+    index into the N tokens of the hidden state that predicts completion token t of row i, valid where ``valid``."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    predict: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def positions(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def attention_width(self) -> int:
+        return int(self.gather.shape[1])
+
+
+def packed_rows(chunk: RowChunk) -> PackedRows:
+    """The chunk's rows without padding. Each row's mask must be one contiguous run (left-padded prompt, completion
+    mask a prefix, as TRL builds them and methods truncate them): a masked-out token inside a row would be attended
+    to here, and not in the padded forward."""
+    prompt_width = chunk.input_ids.shape[1] - chunk.completion_width
+    mask = chunk.attention_mask
+    prompt_lengths = mask[:, :prompt_width].sum(dim=1)
+    cols = torch.arange(chunk.completion_width, device=mask.device)
+    completion_lengths = (mask[:, prompt_width:] * (cols + 1)).amax(dim=1).clamp(min=1)  # c_i
+    lengths = prompt_lengths + completion_lengths - 1  # L_i
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    first = prompt_width - prompt_lengths  # the row's first real column
+    take = (columns >= first[:, None]) & (columns < (prompt_width + completion_lengths - 1)[:, None])  # (b, P'+T')
+    if not bool(mask[take].all()):
+        raise ValueError("padding-free forward: a row's attention mask is not one contiguous run of real tokens; "
+                         "set train.padding_free=false to forward such rows padded")
+    starts = torch.cumsum(lengths, dim=0) - lengths  # (b,)
+    rank = columns[None, :] - first[:, None]  # position of each column within its row
+    width = int(lengths.max())
+    within = torch.arange(width, device=mask.device)
+    gather = starts[:, None] + torch.minimum(within[None, :], (lengths - 1)[:, None])  # (b, W)
+    rows = torch.arange(len(lengths), device=mask.device)[:, None].expand_as(take)
+    scatter = (rows * width + rank)[take]  # row-major, the order of input_ids[take]
+    predict = starts[:, None] + prompt_lengths[:, None] - 1 + cols[None, :]  # (b, T')
+    valid = cols[None, :] < completion_lengths[:, None]
+    return PackedRows(chunk.input_ids[take][None], rank[take][None], gather, scatter, predict, valid)
 
 
 def row_chunks(inputs: dict, rows_per_chunk: int) -> Iterator[RowChunk]:
