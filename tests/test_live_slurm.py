@@ -66,8 +66,10 @@ SWEEP = {
     "seeds": [0],
     "data": {"synthetic": {"terms": 3, "n_train": 1000, "n_eval": 12, "n_ood": 8}},
     "warmstart": {"steps": 150, "batch_size": 16},
-    "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32, "save_every_steps": 1,
-              "budget": {"kind": "steps", "amount": STEPS, "checkpoint_fractions": [1.0]}},
+    # one optimizer step per generation batch (the tiny preset takes 2): a trainer checkpoint after every step, so
+    # the interrupted jobs below resume from the last one; mini-batch resume is tests/test_minibatches.py's
+    "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32, "mini_batches": 1,
+              "save_every_steps": 1, "budget": {"kind": "steps", "amount": STEPS, "checkpoint_fractions": [1.0]}},
     # one eval job per checkpoint, as on a GPU cluster (the tiny preset's own job_scope=run has one per run and the
     # warm start's in rule eval_warmstart); the job list below counts on it
     "eval": {"k": 2, "max_gen_toks": 32, "job_scope": "checkpoint"},
