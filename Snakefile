@@ -142,6 +142,9 @@ rule train:
     wildcard_constraints:
         method=TRAINED_LABEL,
     threads: PRESET.train.threads
+    # longest jobs first: on a few cores every training job starts before any eval job, so the short eval jobs
+    # fill the cores at the end instead of one long training job running alone (default sweep: see README)
+    priority: 1
     resources:
         **RES["train"],
     shell:

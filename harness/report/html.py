@@ -109,8 +109,8 @@ FIGURE_CAPTIONS = {
     "per_benchmark": "Per benchmark at the full budget: mean and 95% interval; the black bar is the warm start.",
     "difference_to_baseline": "Paired difference to the baseline (same seeds and problems) with its 95% interval; an "
                               "interval crossing 0 is a tie.",
-    "training_curves": "Training reward, entropy and response length per optimizer step (metrics.jsonl); bands: "
-                       "seaborn's 95% bootstrap over seeds.",
+    "training_curves": "Training reward, entropy and response length per optimizer step (metrics.jsonl): mean "
+                       "over seeds; bands: the seeds' range (min to max).",
 }
 
 

@@ -2,9 +2,9 @@
 interval bands, per-benchmark point estimates, paired differences to the baseline, and training curves.
 
 Intervals are drawn from the leaderboard's own rows (``harness.report.bootstrap``), never recomputed by seaborn, so a
-band in a
-figure is the interval in the table. The training curves are the exception: seaborn's bootstrap over seeds of
-``metrics.jsonl`` (a diagnostic, not a claim).
+band in a figure is the interval in the table. The training curves are the exception: the mean over seeds of
+``metrics.jsonl`` with the seeds' range as its band (a diagnostic, not a claim; a bootstrap over 2-5 seeds would
+claim more than it knows, and seaborn's took 5 of the report job's 12 s).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def differences(summary: list[dict], labels: list[str], benches: list[str], metr
 
 
 def training_curves(metrics: dict[tuple[str, int], list[dict]], labels: list[str]) -> Figure | None:
-    """Reward, entropy and response length per optimizer step; the band is seaborn's 95% bootstrap over seeds."""
+    """Reward, entropy and response length per optimizer step: the mean over seeds, the band their range."""
     records = [{"method": label, "seed": seed, **{k: m.get(k) for k in ("step", *TRAINING_CURVES)}}
                for (label, seed), ms in metrics.items() for m in ms]
     if not records:
@@ -140,7 +140,7 @@ def training_curves(metrics: dict[tuple[str, int], list[dict]], labels: list[str
     fig, axes = _new_figure(len(keys))
     for ax, key in zip(axes, keys, strict=True):
         sns.lineplot(data=frame, x="step", y=key, hue="method", hue_order=labels, palette=colours,
-                     errorbar=("ci", 95), n_boot=200, seed=0, ax=ax, legend=key == keys[-1])
+                     errorbar=("pi", 100), ax=ax, legend=key == keys[-1])
         ax.set_ylabel(TRAINING_CURVES[key])
         ax.set_title(TRAINING_CURVES[key])
     return fig
