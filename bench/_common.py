@@ -174,6 +174,14 @@ only its own section. Ratios are medians of per-pair ratios of interleaved runs:
 """
 
 
+def publish(results: Path, name: str, record: dict, markdown: str) -> dict:
+    """Write ``record`` to ``results``/``name``.json, replace its summary section with ``markdown``, print it."""
+    write_result(results, name, record)
+    update_summary(results, name, markdown)
+    print(markdown)
+    return record
+
+
 def update_summary(results: Path, name: str, body: str) -> Path:
     """Replace the section between this script's markers in ``results``/summary.md (append it when new)."""
     results.mkdir(parents=True, exist_ok=True)

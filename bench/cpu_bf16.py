@@ -27,11 +27,10 @@ from _common import (
     fmt_ratio,
     machine_state,
     paired_ratio,
+    publish,
     sample_rollouts,
     table,
     tiny_sweep,
-    update_summary,
-    write_result,
 )
 
 PRECISIONS = ("fp32", "bf16")
@@ -118,10 +117,7 @@ def main(argv=None) -> dict:
                                                     "rows": train.prompts_per_step * train.num_generations,
                                                     "timer": "process CPU seconds"},
               "environment": env, "elapsed_s": time.perf_counter() - started, "results": results, "raw": raw}
-    write_result(args.results, args.name, record)
-    update_summary(args.results, args.name, summary_markdown(record))
-    print(summary_markdown(record))
-    return record
+    return publish(args.results, args.name, record, summary_markdown(record))
 
 
 def summary_markdown(record: dict) -> str:

@@ -26,11 +26,10 @@ from _common import (
     describe,
     environment,
     machine_state,
+    publish,
     sample_rollouts,
     sweep,
     table,
-    update_summary,
-    write_result,
 )
 
 
@@ -109,10 +108,7 @@ def main(argv=None) -> dict:
                                                               "warmup_repeats": 1, "temperature": 1.0,
                                                               "warmstart_steps_tiny": args.warmstart_steps},
               "environment": env, "elapsed_s": time.perf_counter() - started, "results": results, "raw": raw}
-    write_result(args.results, args.name, record)
-    update_summary(args.results, args.name, summary_markdown(record))
-    print(summary_markdown(record))
-    return record
+    return publish(args.results, args.name, record, summary_markdown(record))
 
 
 def summary_markdown(record: dict) -> str:
