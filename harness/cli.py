@@ -62,9 +62,12 @@ def cmd_data(args) -> None:
 
 
 def cmd_warmstart(args) -> None:
+    import torch
+
     from harness.model.warmstart import warmstart
 
     resolved, paths = _resolve(args)
+    torch.set_num_threads(resolved.preset.warmstart.threads)  # warmstart() sets it too; the startup line reports it
     mark_startup("warmstart")
     summary = warmstart(resolved, paths)
     print(f"warm start written to {paths.warmstart_dir}: "
@@ -72,12 +75,15 @@ def cmd_warmstart(args) -> None:
 
 
 def cmd_train(args) -> None:
+    import torch
+
     import harness.train.adapter  # noqa: F401  (TRL: imported by run_training anyway; counted as start-up here)
     from harness.train.run import run_training
 
     resolved, paths = _resolve(args)
     method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
     spec = load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
+    torch.set_num_threads(resolved.preset.train.threads)  # run_training sets it too; the startup line reports it
     mark_startup("train")
     record = run_training(resolved, spec, args.seed, paths)
     if record is not None:  # the main process of a distributed run
