@@ -95,7 +95,8 @@ def main(argv=None) -> dict:
             with precision(name):
                 out = sample_rollouts(model, trainer.processing_class, batch, train.num_generations, gen_config,
                                       eos, seed=100 + repeat)
-            rollouts = rollouts or out  # both precisions train on the same rollouts
+            if rollouts is None:  # both precisions train on the first precision's rollouts
+                rollouts = out
             model.train()
             timings[name] = (out["cpu_s"], forward_backward(model, rollouts, name).cpu)
         with torch.no_grad():

@@ -21,13 +21,15 @@ Usage:  python bench/sweep_breakdown.py [--benchmarks results/default/benchmarks
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import datetime
 import re
 import statistics
 import sys
 from pathlib import Path
 
-from _common import add_path_args, environment, table, update_summary, write_result
+from _common import add_path_args, environment, publish, table
 
 from harness.config.paths import REPO_ROOT
 
@@ -121,7 +123,32 @@ def read_log(path: Path) -> dict:
         out.update(steps_done=int(done), steps_total=int(total), percent=int(pct))
     out["finished"] = bool(progress) and progress[-1][0] == progress[-1][1]
     out["errors"] = len(re.findall(r"^Error in rule", text, flags=re.M))
+    out["seconds_by_running_jobs"] = running_jobs_timeline(text)
     return out
+
+
+def running_jobs_timeline(text: str) -> dict[int, int]:
+    """{number of jobs running: seconds} over the log (its timestamps have 1 s resolution): with 2 cores, the
+    seconds at 1 are a core left idle (the warm start, or one long job running alone at the end)."""
+    started, spans, stamp, rule = {}, [], None, None
+    for line in text.splitlines():
+        if match := re.match(r"^\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]", line):
+            stamp = datetime.datetime.strptime(match.group(1), "%a %b %d %H:%M:%S %Y")
+        elif match := re.match(r"^(?:local)?rule (\w+):", line):
+            rule = match.group(1)
+        elif (match := re.match(r"^\s+jobid: (\d+)", line)) and rule is not None:
+            started[match.group(1)] = stamp
+            rule = None
+        elif (match := re.match(r"^Finished jobid: (\d+)", line)) and match.group(1) in started:
+            spans.append((started.pop(match.group(1)), stamp))
+    if not spans:
+        return {}
+    origin = min(start for start, _ in spans)
+    running = [0] * int((max(end for _, end in spans) - origin).total_seconds())
+    for start, end in spans:
+        for second in range(int((start - origin).total_seconds()), int((end - origin).total_seconds())):
+            running[second] += 1
+    return dict(sorted(collections.Counter(running).items()))
 
 
 def group(jobs: list[dict], key: str) -> dict[str, dict]:
@@ -173,14 +200,18 @@ def main(argv=None) -> dict:
               "startup_cpu_s_total": sum(startup_cpu) if startup_cpu else None,
               "startup_wall_s_total": sum(startup_wall) if startup_wall else None,
               "parallelism": job_seconds / log["elapsed_s"] if log.get("elapsed_s") else None, "jobs": jobs}
-    write_result(args.results, args.name, record)
-    update_summary(args.results, args.name, summary_markdown(record))
-    print(summary_markdown(record))
-    return record
+    return publish(args.results, args.name, record, summary_markdown(record))
 
 
 def _fmt(x, digits=1):
     return "" if x is None else f"{x:.{digits}f}"
+
+
+def _occupancy(seconds_by_running_jobs: dict | None) -> str:
+    if not seconds_by_running_jobs:
+        return ""
+    parts = [f"{n} job{'s' if int(n) != 1 else ''}: {t} s" for n, t in seconds_by_running_jobs.items()]
+    return " Seconds with this many jobs running (from the log's timestamps): " + ", ".join(parts) + "."
 
 
 def summary_markdown(record: dict) -> str:
@@ -193,7 +224,8 @@ def summary_markdown(record: dict) -> str:
              f"Benchmark files: `{record['settings']['benchmarks']}`; log `{record['settings']['log']}`: {status}, "
              f"elapsed {_fmt(elapsed, 0) + ' s' if elapsed else 'n/a'}, errors {log.get('errors', 'n/a')}. "
              f"Sum of job seconds {record['job_seconds_total']:.0f} s"
-             + (f" = {record['parallelism']:.2f} x the elapsed time (2 cores)." if record["parallelism"] else "."),
+             + (f" = {record['parallelism']:.2f} x the elapsed time (2 cores)." if record["parallelism"] else ".")
+             + _occupancy(log.get("seconds_by_running_jobs")),
              ""]
     if record.get("startup_jobs"):
         lines += [f"Start-up (process start to the job's first real work: interpreter, imports, configuration; the "

@@ -87,3 +87,17 @@ def test_startup_line_is_read_by_the_sweep_breakdown(tmp_path, capsys, monkeypat
     rules = sweep_breakdown.group(jobs, "rule")
     assert rules["data"]["jobs"] == 1 and rules["data"]["startup_wall_s"] == 2.25
     assert rules["eval"]["jobs"] == 1 and rules["eval"]["total_s"] == 12.5
+
+
+def test_sweep_breakdown_counts_the_seconds_each_number_of_jobs_ran(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    sys.modules.pop("sweep_breakdown", None)
+    import sweep_breakdown
+
+    log = "\n".join([  # a train job 0-10 s, an eval job 5-20 s, the target rule `all` at 20 s
+        "[Mon Nov 30 10:00:00 2026]", "rule train:", "    jobid: 3", "[Mon Nov 30 10:00:05 2026]",
+        "localrule eval:", "    jobid: 4", "[Mon Nov 30 10:00:10 2026]", "Finished jobid: 3 (Rule: train)",
+        "[Mon Nov 30 10:00:20 2026]", "Finished jobid: 4 (Rule: eval)", "localrule all:", "    jobid: 0",
+        "[Mon Nov 30 10:00:20 2026]", "Finished jobid: 0 (Rule: all)"])
+    assert sweep_breakdown.running_jobs_timeline(log) == {1: 15, 2: 5}
+    assert sweep_breakdown.running_jobs_timeline("no jobs") == {}

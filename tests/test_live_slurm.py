@@ -67,7 +67,7 @@ SWEEP = {
     "data": {"synthetic": {"terms": 3, "n_train": 1000, "n_eval": 12, "n_ood": 8}},
     "warmstart": {"steps": 150, "batch_size": 16},
     # one optimizer step per generation batch (the tiny preset takes 2): a trainer checkpoint after every step, so
-    # the interrupted jobs below resume from the last one; mini-batch resume is tests/test_minibatches.py's
+    # the interrupted jobs below resume from the last one; resume with mini-batches is tested in tests/test_budget.py
     "train": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 32, "mini_batches": 1,
               "save_every_steps": 1, "budget": {"kind": "steps", "amount": STEPS, "checkpoint_fractions": [1.0]}},
     # one eval job per checkpoint, as on a GPU cluster (the tiny preset's own job_scope=run has one per run and the

@@ -4,7 +4,7 @@ interval bands, per-benchmark point estimates, paired differences to the baselin
 Intervals are drawn from the leaderboard's own rows (``harness.report.bootstrap``), never recomputed by seaborn, so a
 band in a figure is the interval in the table. The training curves are the exception: the mean over seeds of
 ``metrics.jsonl`` with the seeds' range as its band (a diagnostic, not a claim; a bootstrap over 2-5 seeds would
-claim more than it knows, and seaborn's took 5 of the report job's 12 s).
+claim more than it knows, and seaborn's resampling per step was the report job's largest cost).
 """
 
 from __future__ import annotations
