@@ -11,9 +11,11 @@ NAT's ``before_forward`` draws the cut, the batch is truncated), the trainer's `
 length and cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
 statistics) and ``loss.backward()``. The cut differs per repeat (``ctx.step = repeat``), so the saving averages over
 cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts) and 1 (every row its own
-forward). ``train.padding_free`` is varied too (``--padding-free on,off``): on, each chunk's real tokens run as one
-packed sequence (the default); off, the chunk is padded to its longest kept row (before: with 16 rows per chunk
-NAT's cut then saved little, every chunk being as long as its longest kept prefix).
+forward). ``train.padding_free`` is varied too (``--padding-free on,unshared,off``): on, each chunk's real tokens
+run as one packed sequence and the rollouts of one prompt share one copy of it (``train.share_prompts``, the
+defaults); unshared, packed with every row's own copy of its prompt; off, the chunk is padded to its longest kept
+row (before: with 16 rows per chunk NAT's cut then saved little, every chunk being as long as its longest kept
+prefix).
 
 Time: uniform and NAT, with and without padding, interleaved in one process (the order reversed every repeat),
 one warm-up round, medians over rounds; "uniform / padded" is packed uniform over padded uniform of the same round.
@@ -62,6 +64,7 @@ from _common import (
 )
 
 TIME_TARGET, MEMORY_TARGET = 0.25, 0.15
+PACKING_MODES = ("on", "unshared", "off")  # packed + shared prompts (the defaults), packed, padded
 MB = 1024 * 1024
 
 
@@ -140,7 +143,10 @@ class Harness:
         self.padding_free(padding_free)
 
     def padding_free(self, mode: str) -> None:
-        self.trainer.preset.train.padding_free = mode == "on"
+        if mode not in PACKING_MODES:
+            raise ValueError(f"--padding-free: {mode!r} is not one of {PACKING_MODES}")
+        self.trainer.preset.train.padding_free = mode != "off"
+        self.trainer.preset.train.share_prompts = mode == "on"
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
         """The loss inputs of ``batch`` under ``variant``'s hooks; another NAT cut in every ``repeat``."""
@@ -250,7 +256,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--checkpointing", default="on",
                         help="activation checkpointing: on (as training runs today: TRL's default) and/or off")
     parser.add_argument("--padding-free", default="on,off",
-                        help="train.padding_free: on (packed, the default) and/or off (padded), interleaved")
+                        help="on (packed, prompts shared: the defaults), unshared (packed, train.share_prompts "
+                             "false) and/or off (padded), interleaved")
     parser.add_argument("--grid", default="",
                         help="explicit settings length:chunk_rows:checkpointing,... instead of the product")
     parser.add_argument("--threads", type=int, default=0,
@@ -308,8 +315,10 @@ def main(argv=None) -> dict:
                 settings.append({"length": length, "chunk_rows": rows, "checkpointing": harness.checkpointing,
                                  "checkpointing_arg": ck, "padding_free": mode,
                                  "timing": {v: timing[v, mode] for v in ("uniform", "nat")},
-                                 "padded_uniform": timing["uniform", "off"] if mode == "on" and "off" in modes
+                                 "padded_uniform": timing["uniform", "off"] if mode != "off" and "off" in modes
                                  else None,
+                                 "unshared_uniform": timing["uniform", "unshared"]
+                                 if mode == "on" and "unshared" in modes else None,
                                  "batch": {"rows": int(batch["completion_ids"].shape[0]),
                                            "prompt_tokens_per_row": batch["prompt_tokens"] / batch["rows"],
                                            "mean_completion_length": batch["generated_tokens"] / batch["rows"],
@@ -354,6 +363,10 @@ def analyse(settings: list[dict], args, resolved, env: dict, elapsed: float) -> 
             padded = [r for r in s["padded_uniform"] if r["repeat"] > 0]
             s["time"]["uniform_vs_padded"] = paired_ratio([r["wall_s"] for r in u], [r["wall_s"] for r in padded])
             s["time"]["uniform_vs_padded_cpu"] = paired_ratio([r["cpu_s"] for r in u], [r["cpu_s"] for r in padded])
+        if s.get("unshared_uniform"):  # shared-prompt uniform over unshared uniform of the same rounds
+            unshared = [r for r in s["unshared_uniform"] if r["repeat"] > 0]
+            s["time"]["uniform_vs_unshared_cpu"] = paired_ratio([r["cpu_s"] for r in u],
+                                                                [r["cpu_s"] for r in unshared])
         s["time"]["met"] = s["time"]["saved"] >= TIME_TARGET
         if "memory" in s:
             mem = {}
@@ -404,7 +417,9 @@ def summary_markdown(record: dict) -> str:
             f"{t['tokens_kept_frac']:.2f}", f"{t['positions_ratio']:.2f}",
             f"{t['uniform_s']['median']:.2f}",
             fmt_ratio(t["uniform_vs_padded"]) if "uniform_vs_padded" in t else "",
-            fmt_ratio(t["uniform_vs_padded_cpu"]) if "uniform_vs_padded_cpu" in t else "", fmt_ratio(t["ratio_wall"]),
+            fmt_ratio(t["uniform_vs_padded_cpu"]) if "uniform_vs_padded_cpu" in t else "",
+            fmt_ratio(t["uniform_vs_unshared_cpu"]) if "uniform_vs_unshared_cpu" in t else "",
+            fmt_ratio(t["ratio_wall"]),
             fmt_ratio(t["ratio_cpu"]), f"{100 * t['saved']:.0f}%",
             verdict(t["met"]),
             f"{t['saved_mb']['uniform']:.0f} / {t['saved_mb']['nat']:.0f} "
@@ -414,13 +429,16 @@ def summary_markdown(record: dict) -> str:
             f"{100 * m['saved_process']:.0f}%)" if m else "", verdict(m["met"]) if m else "n/a"])
     lines.append(table(["max len (mean completion / prompt)", "chunk rows", "act. ckpt", "padding-free",
                         "tokens kept", "positions kept", "uniform fwd+bwd s", "uniform / padded",
-                        "uniform / padded (CPU)", "time NAT/uniform", "NAT/uniform (CPU)", "time saved",
+                        "uniform / padded (CPU)", "uniform / unshared (CPU)", "time NAT/uniform", "NAT/uniform (CPU)",
+                        "time saved",
                         f">= {100 * TIME_TARGET:.0f}%",
                         "kept for backward MB U / N", "working MB U / N", "memory saved",
                         f">= {100 * MEMORY_TARGET:.0f}%"], rows))
-    lines += ["", "Padding-free on: each forward chunk's real tokens packed into one sequence (the default, "
-              "`train.padding_free`); off: the chunk padded to its longest kept row. Uniform / padded: packed uniform "
-              "over padded uniform, same rounds. Positions kept: NAT's trained positions over uniform's (the ledger "
+    lines += ["", "Padding-free on: each forward chunk's real tokens packed into one sequence, a prompt shared by "
+              "several rollouts once (the defaults, `train.padding_free`, `train.share_prompts`); unshared: packed, "
+              "every rollout with its own copy of its prompt; off: the chunk padded to its longest kept row. "
+              "Uniform / padded (/ unshared): uniform of this row over padded (unshared) uniform, same rounds. "
+              "Positions kept: NAT's trained positions over uniform's (the ledger "
               "counts what is computed).", "",
               "Kept for backward = bytes of the distinct non-parameter tensors autograd holds when the forward "
               "ends (exact; median over the timed pairs). Working memory = peak RSS above the pre-step RSS during "

@@ -295,11 +295,15 @@ def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
     assert trainer._loss_config(trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults
 
 
-def left_padded_inputs(seed: int) -> dict:
-    """Six rows of two prompt groups: prompts of 2-5 tokens left-padded to 5, completions of 1-6 tokens."""
+def left_padded_inputs(seed: int, group_prompts: bool = False) -> dict:
+    """Six rows of two prompt groups: prompts of 2-5 tokens left-padded to 5, completions of 1-6 tokens.
+    ``group_prompts``: each group's rows share one prompt (as GRPO's rollouts do), of 5 and 3 tokens."""
     g = torch.Generator().manual_seed(seed)
     prompt_lengths, completion_lengths = [5, 2, 4, 3, 5, 2], [6, 2, 4, 1, 5, 3]
     prompt_ids = torch.randint(4, 40, (6, 5), generator=g)
+    if group_prompts:
+        prompt_lengths = [5, 5, 5, 3, 3, 3]
+        prompt_ids = prompt_ids[[0, 0, 0, 3, 3, 3]]
     prompt_mask = torch.tensor([[0] * (5 - p) + [1] * p for p in prompt_lengths])
     completion_ids = torch.randint(4, 40, (6, 6), generator=g)
     completion_mask = torch.tensor([[1] * c + [0] * (6 - c) for c in completion_lengths])
@@ -313,11 +317,13 @@ def left_padded_inputs(seed: int) -> dict:
                                           ("entropy", 0.0)])
 @pytest.mark.parametrize("forward_rows, backward_rows, checkpointing", [(16, 0, False), (2, 0, True),
                                                                         (16, 2, True)])
+@pytest.mark.parametrize("group_prompts", [False, True])
 def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir, tmp_path, method, beta,
-                                                                  forward_rows, backward_rows, checkpointing):
+                                                                  forward_rows, backward_rows, checkpointing,
+                                                                  group_prompts):
     # NAT cuts rows (RPC), D3S drops rollouts and selects tokens by entropy; the packed forward must give the padded
     # forward's loss and gradients up to float noise (other matmul shapes: 1e-5 relative), and count only the real
-    # tokens it computes
+    # tokens it computes; with group_prompts the rows of a group share one computed copy of their prompt
     from harness.train.budget import causal_pairs, forward_flops
     from harness.train.hooks import new_rollout_batch, prepare_batch
 
@@ -330,7 +336,7 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
         if checkpointing:  # backward recomputes each layer after the forward returned: it must run packed again
             model.activation_checkpointing_enable()
             model.train()
-        raw = left_padded_inputs(seed=4)
+        raw = left_padded_inputs(seed=4, group_prompts=group_prompts)
         batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
                                   raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
         prepared = prepare_batch(trainer.method, batch, trainer.step_context())
@@ -345,14 +351,23 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
     torch.testing.assert_close(loss, padded_loss, rtol=1e-5, atol=1e-7)
     for a, b in zip(packed_grads, padded_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    # the ledger counts each row's real tokens: its prompt and its completion but the last token (no input needed)
+    # the ledger counts each row's real tokens: its prompt and its completion but the last token (no input needed);
+    # a prompt shared by rows of one chunk once
     prompt_lengths, completion_lengths = inputs["prompt_mask"].sum(dim=1), inputs["completion_mask"].sum(dim=1)
     lengths = prompt_lengths + completion_lengths - 1
     real = int(lengths.sum())
     passes = (2 if backward_rows else 1) + (1 if beta > 0 else 0)  # no-grad pass of backward chunks; reference pass
-    assert ledger.trained_positions == real < padded_ledger.trained_positions
-    assert ledger.forwarded_positions == passes * real
-    if forward_rows >= len(lengths) and not backward_rows:  # one chunk: attention over (rows, longest row)
+    one_chunk = forward_rows >= len(lengths) and not backward_rows
+    if group_prompts:
+        assert ledger.trained_positions < real
+        if one_chunk:  # rows 0-2 share a 5-token prompt, rows 3-5 a 3-token one (D3S may have dropped some rows)
+            groups = inputs[f"{ROLLOUT_KEY_PREFIX}group_ids"].unique().tolist()
+            real = sum({0: 5, 1: 3}[g] for g in groups) + int((completion_lengths - 1).clamp(min=0).sum())
+            assert ledger.trained_positions == real
+    else:
+        assert ledger.trained_positions == real < padded_ledger.trained_positions
+        assert ledger.forwarded_positions == passes * real
+    if one_chunk:  # attention over (rows, longest row)
         shape = trainer_shape(tiny_model_dir, tmp_path)
         expected = 3.0 * forward_flops(shape, real, int(completion_lengths.sum()),
                                        len(lengths) * causal_pairs(int(lengths.max())))
@@ -362,3 +377,28 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
 
 def trainer_shape(model_dir, tmp_path):
     return make_trainer(model_dir, tmp_path)[0].model_shape
+
+
+def test_packed_rows_share_a_prompt_by_hand():
+    # rows 0 and 2 have the same real prompt [5, 6, 7] (left-padded to 4 columns), row 1 its own [9, 8]; completions
+    # of 3, 2 and 1 tokens (the last one is no input, so row 2 contributes no completion token at all)
+    from harness.train.row_chunks import RowChunk, packed_rows
+
+    ids = torch.tensor([[0, 5, 6, 7, 11, 12, 13], [0, 0, 9, 8, 21, 22, 0], [0, 5, 6, 7, 31, 0, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0, 0]])
+    chunk = RowChunk(torch.arange(3), ids, mask, completion_width=3)
+    own = packed_rows(chunk, share_prompts=False)
+    assert own.input_ids.tolist() == [[5, 6, 7, 11, 12, 9, 8, 21, 5, 6, 7]]
+    assert own.gather.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 7, 7], [8, 9, 10, 10, 10]]
+    shared = packed_rows(chunk, share_prompts=True)
+    assert shared.input_ids.tolist() == [[5, 6, 7, 11, 12, 9, 8, 21]]
+    assert shared.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert shared.gather.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 7, 7], [0, 1, 2, 2, 2]]  # row 2 reads row 0's prompt
+    assert shared.scatter.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]  # a shared prompt's outputs come from row 0
+    assert shared.predict.tolist() == [[2, 3, 4], [6, 7, 8], [2, 8, 9]]  # row 2's only token: predicted by token 2
+    assert shared.valid.tolist() == [[True, True, True], [True, True, False], [True, False, False]]
+    # a prompt that differs only in padding is the same prompt; one that differs in a token is not
+    other_padding, other_token = ids.clone(), ids.clone()
+    other_padding[2, 0], other_token[2, 3] = 99, 8
+    assert packed_rows(RowChunk(torch.arange(3), other_padding, mask, 3)).positions == shared.positions
+    assert packed_rows(RowChunk(torch.arange(3), other_token, mask, 3)).positions == own.positions

@@ -199,6 +199,9 @@ class TrainConfig:
     # pack each forward chunk's real tokens into one sequence (no padding computed in projections and MLPs;
     # harness/train/row_chunks.py); false = each chunk padded to its longest row
     padding_free: bool = True
+    # padding-free only: the rollouts of one prompt in a forward chunk share one copy of its prompt (computed once
+    # instead of once per rollout; exact up to float summation order); false = every row carries its own prompt
+    share_prompts: bool = True
     # rows per backward pass: > 0 keeps only that many rows' activations alive (one more no-grad forward over the
     # batch gives the method its statistics first); 0 = one backward over the process's whole batch
     backward_chunk_rows: int = 0

@@ -477,7 +477,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         train = self.preset.train
         picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
         if train.padding_free:
-            packed = packed_rows(chunk)
+            packed = packed_rows(chunk, train.share_prompts)
             completion_ids = chunk.input_ids[:, -chunk.completion_width:]
             stats = packed_model_token_statistics(model, packed, completion_ids, extras, train.temperature,
                                                   train.stats_chunk_size, picked)

@@ -17,8 +17,9 @@ What is counted, phase by phase (the accounting counts what a method really skip
 - old-policy forward (only with several optimizer steps per generation batch): what is computed, per row chunk.
 - reference forward (only when beta > 0): what is computed, per row chunk.
 - training forward + backward: what is computed, per row chunk, times 3. Padded (``train.padding_free`` off):
-  the (rows, width) shape. Padding-free: the real tokens of the chunk's rows for the body, and the attention pairs
-  of the (rows, longest row) layout that attention runs in (``packed_forward_flops``). Rollouts a method drops
+  the (rows, width) shape. Padding-free: the real tokens of the chunk's rows for the body (a prompt shared by
+  several rows once, ``train.share_prompts``), and the attention pairs of the (rows, longest row) layout that
+  attention runs in (``packed_forward_flops``). Rollouts a method drops
   (D3S) and positions it truncates (NAT prefix cutting) are never computed, so never counted; LM-head logits are
   counted only at the positions they are computed at (the scored completion tokens; NAT's URS: the sampled ones).
 Distributed runs: each process counts its own rollouts and forwards for the current step; at the end of the step

@@ -7,8 +7,10 @@ longest kept completion: what a method truncated (NAT's prefix cutting) is not c
 the batch are longer. With ``train.padding_free`` (the default) a chunk is packed (``packed_rows``): its rows'
 real tokens are concatenated into one sequence, so the projections and MLPs of every layer run on real tokens only
 and a method that shortens rows saves in proportion even when a chunk holds rows of very different kept lengths
-(``harness.train.token_statistics.packed_attention_forward`` keeps attention within each row). Pure torch: the
-trainer passes the function that computes one chunk's statistics.
+(``harness.train.token_statistics.packed_attention_forward`` keeps attention within each row). With
+``train.share_prompts`` (the default) the rollouts of one prompt in a chunk share one copy of its prompt, so a
+GRPO group of G rollouts computes its prompt once, not G times. Pure torch: the trainer passes the function that
+computes one chunk's statistics.
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ class RowChunk:
 class PackedRows:
     """One row chunk's real tokens as a single sequence (verl's remove-padding, TRL's ``padding_free``).
 
-    Row i contributes its real prompt tokens and its first ``c_i - 1`` completion tokens (``c_i``: position of its
-    last real completion token + 1; the last completion token predicts nothing that is scored, so it is no input).
+    Row i contributes its first ``c_i - 1`` completion tokens (``c_i``: position of its last real completion token
+    + 1; the last completion token predicts nothing that is scored, so it is no input) and, unless an earlier row of
+    the chunk has the same prompt (``share_prompts``: the rollouts of one prompt group), its real prompt tokens:
+    a shared prompt is computed once, and each of its rows attends to that one copy.
 
-    input_ids, position_ids: (1, N), N = sum of the rows' lengths L_i, positions restart at 0 in every row (as in
-    generation). gather: (b, W), W = max L_i: index into the N tokens of row i's j-th token (its last one past L_i),
-    the layout attention runs in. scatter: (N,) index of each token in the flattened (b, W) layout. predict: (b, T')
-    index into the N tokens of the hidden state that predicts completion token t of row i, valid where ``valid``."""
+    input_ids, position_ids: (1, N), N = the computed tokens, positions restart at 0 in every row (as in generation).
+    gather: (b, W), W = max L_i, L_i = row i's prompt length + c_i - 1: index into the N tokens of row i's j-th
+    token (its last one past L_i), the layout attention runs in. scatter: (N,) index of each token in the flattened
+    (b, W) layout (a shared prompt token: in its first row). predict: (b, T') index into the N tokens of the hidden
+    state that predicts completion token t of row i, valid where ``valid``."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -58,32 +63,54 @@ class PackedRows:
         return int(self.gather.shape[1])
 
 
-def packed_rows(chunk: RowChunk) -> PackedRows:
+def packed_rows(chunk: RowChunk, share_prompts: bool = True) -> PackedRows:
     """The chunk's rows without padding. Each row's mask must be one contiguous run (left-padded prompt, completion
     mask a prefix, as TRL builds them and methods truncate them): a masked-out token inside a row would be attended
-    to here, and not in the padded forward."""
+    to here, and not in the padded forward. ``share_prompts``: rows with equal real prompt tokens share one copy
+    (exact: a prompt token attends only to the prompt before it, so its states are the same in every row)."""
     prompt_width = chunk.input_ids.shape[1] - chunk.completion_width
     mask = chunk.attention_mask
-    prompt_lengths = mask[:, :prompt_width].sum(dim=1)
+    prompt_lengths = mask[:, :prompt_width].sum(dim=1)  # p_i
     cols = torch.arange(chunk.completion_width, device=mask.device)
     completion_lengths = (mask[:, prompt_width:] * (cols + 1)).amax(dim=1).clamp(min=1)  # c_i
     lengths = prompt_lengths + completion_lengths - 1  # L_i
     columns = torch.arange(mask.shape[1], device=mask.device)
     first = prompt_width - prompt_lengths  # the row's first real column
-    take = (columns >= first[:, None]) & (columns < (prompt_width + completion_lengths - 1)[:, None])  # (b, P'+T')
-    if not bool(mask[take].all()):
+    real = (columns >= first[:, None]) & (columns < (prompt_width + completion_lengths - 1)[:, None])  # (b, P'+T')
+    if not bool(mask[real].all()):
         raise ValueError("padding-free forward: a row's attention mask is not one contiguous run of real tokens; "
                          "set train.padding_free=false to forward such rows padded")
-    starts = torch.cumsum(lengths, dim=0) - lengths  # (b,)
-    rank = columns[None, :] - first[:, None]  # position of each column within its row
+    rows = torch.arange(len(lengths), device=mask.device)
+    owner = _prompt_owners(chunk.input_ids[:, :prompt_width], mask[:, :prompt_width]) if share_prompts else rows
+    owns_prompt = owner == rows
+    take = real & ((columns >= prompt_width)[None, :] | owns_prompt[:, None])  # what row i contributes, in order
+    counts = take.sum(dim=1)
+    starts = torch.cumsum(counts, dim=0) - counts  # (b,) where row i's contribution begins
+    prompt_start = starts[owner]  # where row i's prompt lies (in its owner's contribution)
+    completion_start = starts + torch.where(owns_prompt, prompt_lengths, 0)
+
+    def index(within: torch.Tensor) -> torch.Tensor:  # (b, n) token positions within each row -> packed indices
+        in_prompt = within < prompt_lengths[:, None]
+        return torch.where(in_prompt, prompt_start[:, None] + within,
+                           completion_start[:, None] + within - prompt_lengths[:, None])
+
     width = int(lengths.max())
     within = torch.arange(width, device=mask.device)
-    gather = starts[:, None] + torch.minimum(within[None, :], (lengths - 1)[:, None])  # (b, W)
-    rows = torch.arange(len(lengths), device=mask.device)[:, None].expand_as(take)
-    scatter = (rows * width + rank)[take]  # row-major, the order of input_ids[take]
-    predict = starts[:, None] + prompt_lengths[:, None] - 1 + cols[None, :]  # (b, T')
+    gather = index(torch.minimum(within[None, :], (lengths - 1)[:, None]))  # (b, W)
+    rank = columns[None, :] - first[:, None]  # position of each column within its row
+    scatter = (rows[:, None] * width + rank)[take]  # row-major, the order of input_ids[take]
+    predict = index(prompt_lengths[:, None] - 1 + cols[None, :])  # (b, T')
     valid = cols[None, :] < completion_lengths[:, None]
     return PackedRows(chunk.input_ids[take][None], rank[take][None], gather, scatter, predict, valid)
+
+
+def _prompt_owners(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """(b, P') left-padded prompts -> (b,) index of the first row with the same real prompt tokens."""
+    keys = torch.where(prompt_mask.bool(), prompt_ids, -1)
+    _, group = torch.unique(keys, dim=0, return_inverse=True)
+    rows = torch.arange(len(group), device=group.device)
+    first_row = torch.full((int(group.max()) + 1,), len(group), device=group.device)
+    return first_row.scatter_reduce(0, group, rows, reduce="amin")[group]
 
 
 def row_chunks(inputs: dict, rows_per_chunk: int) -> Iterator[RowChunk]:
