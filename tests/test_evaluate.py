@@ -336,3 +336,27 @@ def test_sampling_is_reproducible_from_the_seed(random_model, tmp_path):
     first = completions(11, "a")
     assert completions(11, "b") == first
     assert completions(12, "c") != first
+
+
+def test_fast_decode_gives_lm_evals_own_completions(random_model, tmp_path, monkeypatch):
+    # eval.fast_decode: lm-eval's generate calls go through harness/model/decode.py (FastDecodeHFLM); the same
+    # completions and metrics as lm-eval's HFLM, greedy and sampled, prompts of different lengths in one batch
+    from harness.model import decode
+
+    data_file = _arith_file(tmp_path, [str(i) for i in range(12)])  # "0+0" ... "11+11": left padding in a batch
+    bench = BenchmarkConfig(file="x", scorer="numeric")
+    calls = []
+    sample = decode.sample
+    monkeypatch.setattr(decode, "sample", lambda *args, **kwargs: calls.append(1) or sample(*args, **kwargs))
+
+    def run(fast_decode):
+        cfg = EvalConfig(k=3, temperature=0.8, top_p=0.9, max_gen_toks=12, batch_size=8, seed=5,
+                         fast_decode=fast_decode)
+        out = tmp_path / str(fast_decode)
+        results = ev.evaluate_benchmark(random_model, "arith", bench, data_file, cfg, "tiny", out)
+        return read_jsonl(out / "samples.jsonl", required=("id",)), results["metrics"]
+
+    plain = run(False)
+    assert calls == []
+    assert run(True) == plain and len(calls) >= 2  # greedy and sampled batches
+    assert len({s["completion"] for s in plain[0] if s["mode"] == "sampled"}) > 1

@@ -402,3 +402,41 @@ def test_packed_rows_share_a_prompt_by_hand():
     other_padding[2, 0], other_token[2, 3] = 99, 8
     assert packed_rows(RowChunk(torch.arange(3), other_padding, mask, 3)).positions == shared.positions
     assert packed_rows(RowChunk(torch.arange(3), other_token, mask, 3)).positions == own.positions
+
+
+def test_fast_decode_gives_the_same_rollouts_and_losses(tiny_model_dir, tmp_path, monkeypatch):
+    # train.fast_decode decodes TRL's generate call with harness/model/decode.py: two steps (the second sampling
+    # from weights the first changed) give the same completion ids and losses as TRL's plain generate
+    from harness.model import decode
+
+    decoded = []
+    sample = decode.sample
+    # records whether the decoder-layer step applied: TRL's fused forward is lifted while generating (adapter)
+    monkeypatch.setattr(decode, "sample", lambda model, *args, **kwargs: (
+        decoded.append(decode.decoder_layer_step_applies(model)) or sample(model, *args, **kwargs)))
+
+    def two_steps(fast_decode):
+        trainer, _ = make_trainer(tiny_model_dir, tmp_path / str(fast_decode), fast_decode=fast_decode,
+                                  learning_rate=2e-2, max_completion_length=12)
+        trainer.reward_funcs = [lambda completions, **kw: [float(len(c) % 2) for c in completions]]
+        trainer.args.max_steps = 2
+        rollouts, generate = [], trainer._generate_and_score_completions
+
+        def recording(inputs):
+            out = generate(inputs)
+            rollouts.append(out["completion_ids"].clone())
+            return out
+
+        trainer._generate_and_score_completions = recording
+        trainer.train()
+        assert "forward" in vars(trainer.model)  # TRL's fused forward is back after generating
+        return rollouts, [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+    plain_rollouts, plain_losses = two_steps(False)
+    assert decoded == []
+    fast_rollouts, fast_losses = two_steps(True)
+    assert decoded == [True, True]  # one generate call per step went through decode.sample's layer step
+    assert len(fast_rollouts) == 2
+    assert all(torch.equal(a, b) for a, b in zip(fast_rollouts, plain_rollouts, strict=True))
+    assert not torch.equal(fast_rollouts[0], fast_rollouts[1])
+    assert len(fast_losses) == 2 and fast_losses == plain_losses and any(loss != 0 for loss in fast_losses)

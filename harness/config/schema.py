@@ -215,6 +215,9 @@ class TrainConfig:
     # GPU); `accelerate` = `accelerate launch` with one process per GPU of resources.train (minus vLLM server GPUs)
     launcher: str = "python"
     distributed: str = "ddp"  # accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml
+    # rollouts on the transformers path decoded by harness/model/decode.py: the same tokens as generate, less Python
+    # per step; false = TRL's plain generate call
+    fast_decode: bool = True
     use_vllm: bool = False  # rollouts with vLLM (TRL); False = transformers generate
     vllm_mode: str = "colocate"  # colocate: vLLM inside each training process; server: `trl vllm-serve` on own GPUs
     vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU for vLLM; server: of the server's GPUs
@@ -290,6 +293,9 @@ class EvalConfig:
     seed: int = 1234
     scoring_timeout_s: float = 5.0
     threads: int = 1  # torch CPU threads per eval job
+    # hf backend: lm-eval's generate calls decoded by harness/model/decode.py (the same tokens, less Python per
+    # step); false = lm-eval's own HFLM
+    fast_decode: bool = True
     # one eval job per checkpoint (GPU clusters: checkpoints in parallel) or per run (all its checkpoints in one
     # process: the start-up is paid once, for CPU machines where jobs only share cores); results are the same
     job_scope: str = "checkpoint"

@@ -295,6 +295,8 @@ def import_eval_stack(backend: str) -> None:
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM  # noqa: F401
 
+        import harness.evaluation.hflm  # noqa: F401  (HFLM with harness/model/decode.py, eval.fast_decode)
+
 
 @contextmanager
 def without_environment_probe():
@@ -343,10 +345,13 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     task_files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
                                         generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
 
+    lm_name = eval_cfg.backend
+    if eval_cfg.backend == "hf" and eval_cfg.fast_decode:  # the same completions, less Python per decoding step
+        from harness.evaluation.hflm import MODEL_NAME as lm_name
     gen_start = time.monotonic()
     with without_environment_probe():
         res = lm_eval.simple_evaluate(
-            model=eval_cfg.backend, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
+            model=lm_name, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
             task_manager=TaskManager(include_defaults=False), num_fewshot=0,
             batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
             device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,

@@ -1,7 +1,8 @@
 """The TRL adapter: the only module that imports TRL (pinned: trl==1.16.0; its private methods change).
 
 ``TargetedGRPOTrainer`` keeps TRL's rollout generation, reward calls, optimizer, scheduler and logging, and
-overrides two steps:
+overrides two steps (plus ``_generate_single_turn``, whose transformers ``generate`` call it decodes with
+harness/model/decode.py, the same rollouts with less Python per step, unless ``train.fast_decode`` is false):
 
 - ``_generate_and_score_completions``: after TRL has generated and scored, the harness computes the baseline's
   advantages from the raw rewards and runs ``harness.train.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -42,6 +44,7 @@ from trl import GRPOConfig, GRPOTrainer
 from harness.config.launch import per_device_rollouts, require_vllm_cpu_build
 from harness.config.schema import ConfigError, PresetConfig, dynamic_sampling_problems
 from harness.data.scoring import score_batch
+from harness.model.decode import generating_with_sample
 from harness.train.budget import (
     BudgetLedger,
     ModelShape,
@@ -209,6 +212,27 @@ def reload_into_cpu_engine(generation) -> None:
     generation.llm.reset_prefix_cache()
 
 
+@contextmanager
+def class_forward_while_generating(model):
+    """TRL 1.16 puts a fused-LM-head forward on the policy instance (``_fused_forward`` in trl/trainer/utils.py).
+    Called without ``fused_lm_head=True``, as ``generate`` calls it, it only calls the forward it replaced. When that
+    is the class's own forward (no mixed-precision wrapper in between), the instance attribute is lifted while TRL
+    generates: every call computes the same, and harness.model.decode sees a plain model whose decoder layers it
+    may call directly (its faster step). Anything else is left as it is."""
+    patched = vars(model).get("forward")
+    func = getattr(patched, "__func__", None)
+    original = (inspect.getclosurevars(func).nonlocals.get("original_forward")
+                if func is not None and func.__code__.co_name == "_fused_forward" else None)
+    if getattr(original, "__func__", None) is not type(model).forward or original.__self__ is not model:
+        yield
+        return
+    del model.forward
+    try:
+        yield
+    finally:
+        model.forward = patched
+
+
 class TargetedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantage, rollout selection, truncation and loss come from a ``Method``."""
 
@@ -314,6 +338,17 @@ class TargetedGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards = rewards_per_func  # (N_all_processes, n_funcs), gathered by TRL
         return rewards_per_func
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's rollout generation; on its transformers ``generate`` path (no vLLM, no continuous batching) with
+        ``train.fast_decode`` that call is decoded by harness/model/decode.py: the same rollouts (tokens and RNG
+        draws), less Python per step."""
+        args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if not self.preset.train.fast_decode or self.use_vllm or self.use_transformers_continuous_batching:
+            return super()._generate_single_turn(*args)
+        model = self.accelerator.unwrap_model(self.model_wrapped)  # the model TRL unwraps to generate with
+        with class_forward_while_generating(model), generating_with_sample(model):
+            return super()._generate_single_turn(*args)
 
     def _generate_round(self, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
         """TRL generates and scores ``inputs`` (this process's rows), counted in the budget. Returns TRL's batch of
