@@ -321,10 +321,11 @@ class Timer:
 # --- rollouts as TRL samples them (transformers generate, left-padded prompts, mask up to the first EOS) ---------
 
 def sample_rollouts(model, tokenizer, prompts: list[str], num_generations: int, generation_config, eos_ids,
-                    seed: int) -> dict:
+                    seed: int, generate=None) -> dict:
     """Each prompt repeated ``num_generations`` times (TRL's RepeatSampler), tokenised and left-padded as TRL does,
     sampled with ``generation_config``; the completion mask covers the tokens up to and including the first EOS.
-    ``generation_config`` and ``eos_ids``: a trainer's, from ``harness.train.adapter.sampling_settings``."""
+    ``generation_config`` and ``eos_ids``: a trainer's, from ``harness.train.adapter.sampling_settings``.
+    ``generate``: called with generate's keyword arguments instead of ``model.generate``."""
     import torch
 
     texts = [p for p in prompts for _ in range(num_generations)]
@@ -336,7 +337,8 @@ def sample_rollouts(model, tokenizer, prompts: list[str], num_generations: int, 
                                           torch.ones(len(x), dtype=torch.long)]) for x in ids])
     torch.manual_seed(seed)
     with Timer() as timer, torch.no_grad():
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config)
+        out = (generate or model.generate)(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                           generation_config=generation_config)
     completion_ids = out[:, width:]
     is_eos = torch.isin(completion_ids, torch.tensor(eos_ids))
     eos_idx = torch.full((is_eos.size(0),), is_eos.size(1), dtype=torch.long)

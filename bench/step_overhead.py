@@ -11,6 +11,8 @@ Variants, all in one process, each its own trainer on its own copy of the warm-s
   recomputation costs where the preset turns checkpointing on.
 - ``<variant>+ds``: the same with DAPO's dynamic sampling (a samples budget, never reached), compared with
   ``<variant>``: the extra generation rounds (``bench/dynamic_sampling.py`` reports them with the groups counts).
+- ``<variant>+plaindecode``: the same with ``train.fast_decode=false`` (rollouts from TRL's plain ``generate``
+  call), compared with ``<variant>``: what harness/model/decode.py saves per step, on identical rollouts.
 
 Design (paired, interleaved): block b runs ``--steps`` optimizer steps of every variant in turn, the order
 reversed every other block (A B C, C B A, ...). Before each variant's block the weights are reset to the warm
@@ -61,8 +63,10 @@ HOOKS = ("on_rollouts", "before_forward", "loss_positions", "token_weights")  # 
 DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
 # variant suffix "+<option>" -> preset overrides; ds = DAPO's dynamic sampling (bench/dynamic_sampling.py), which
 # needs a budget that counts generation: samples, never reached
+# plaindecode = TRL's plain generate call instead of harness/model/decode.py (train.fast_decode=false)
 OPTIONS = {"nogc": ["train.activation_checkpointing=false"],
-           "ds": ["train.dynamic_sampling.enabled=true", "train.budget.kind=samples", "train.budget.amount=1e15"]}
+           "ds": ["train.dynamic_sampling.enabled=true", "train.budget.kind=samples", "train.budget.amount=1e15"],
+           "plaindecode": ["train.fast_decode=false"]}
 # a block is one generation batch of one optimizer step (r = 1) whatever the preset takes (tiny: 2 mini-batches): a
 # ratio compares methods per optimizer step on the same rollouts; bench/protocol_cost.py measures mini-batch steps
 ONE_STEP_PER_GENERATION = ["train.mini_batches=1", "train.ppo_epochs=1"]
