@@ -50,9 +50,12 @@ def digest(obj) -> str:
 
 
 PRESET_DICT = RESOLVED.to_dict()["preset"]
-TRAIN_DIGEST = digest({k: v for k, v in PRESET_DICT.items() if k not in ("eval", "resources")})
-# eval.job_scope groups jobs and changes no result: left out, so a sweep that sets it keeps its digest
-EVAL_DIGEST = digest({k: v for k, v in PRESET_DICT["eval"].items() if k != "job_scope"})
+# eval.job_scope groups jobs, train.fast_decode / eval.fast_decode decode the same tokens with less Python
+# (harness/model/decode.py): none changes a result, so they are left out and a sweep that sets them (or was run
+# before they existed) keeps its digests
+TRAIN_DIGEST = digest({k: {kk: vv for kk, vv in v.items() if kk != "fast_decode"} if k == "train" else v
+                       for k, v in PRESET_DICT.items() if k not in ("eval", "resources")})
+EVAL_DIGEST = digest({k: v for k, v in PRESET_DICT["eval"].items() if k not in ("job_scope", "fast_decode")})
 
 
 def method_digest(wildcards) -> str:

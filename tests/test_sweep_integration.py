@@ -93,6 +93,10 @@ def test_complete_sweep_has_nothing_to_do_and_a_new_method_runs_only_its_jobs(co
     again = snakemake(workdir, sweep_file, "-n")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "Nothing to be done" in again.stdout + again.stderr
+    # train/eval.fast_decode change no result (tests/test_decode.py): switching them reruns nothing
+    plain = snakemake(workdir, sweep_file, "-n", "--config", "set=train.fast_decode=false eval.fast_decode=false")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "Nothing to be done" in plain.stdout + plain.stderr
     added = snakemake(workdir, sweep_file, "-n", "--config", "methods=[uniform,entropy]")
     assert added.returncode == 0, added.stderr[-2000:]
     counts = job_counts(added.stdout + added.stderr)

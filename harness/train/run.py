@@ -118,7 +118,10 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
-    run_key = hashlib.sha256(json.dumps([resolved.to_dict()["preset"], spec.name, spec.params.__dict__, run_seed],
+    preset_dict = resolved.to_dict()["preset"]
+    for section in ("train", "eval"):  # fast_decode gives the same tokens: a run resumes across it (and from before it)
+        preset_dict[section].pop("fast_decode", None)
+    run_key = hashlib.sha256(json.dumps([preset_dict, spec.name, spec.params.__dict__, run_seed],
                                         sort_keys=True, default=str).encode()).hexdigest()
     metrics_partial = run_dir / "metrics.jsonl.partial"
     # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared)
