@@ -191,3 +191,25 @@ def test_fallback_rules_name_the_reason(policy):
     assert "cache" in decode.fallback_reason(model, config, {**fresh, "use_cache": False})
     scores = trl_config(tokenizer, [1], return_dict_in_generate=True, output_scores=True)
     assert "return_dict_in_generate" in decode.fallback_reason(model, scores, fresh)
+
+
+@pytest.mark.parametrize("architecture", ["llama_gqa", "qwen2"])
+def test_other_architectures(policy, architecture, monkeypatch):
+    # grouped-query attention (SmolLM2's and Qwen2.5's layout) through the decoder-layer step, and a model class
+    # other than LlamaForCausalLM (Qwen2: biased projections) through its full forward each step
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    _, tokenizer = policy
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": tokenizer.pad_token_id,
+             "eos_token_id": tokenizer.eos_token_id}
+    torch.manual_seed(0)
+    model = (LlamaForCausalLM(LlamaConfig(**sizes)) if architecture == "llama_gqa"
+             else Qwen2ForCausalLM(Qwen2Config(**sizes))).eval()
+    assert decode.decoder_layer_step_applies(model) is (architecture == "llama_gqa")
+    for seed, sampling in enumerate([{}, {"do_sample": False}, {"temperature": 0.7, "top_p": 0.9}]):
+        assert_identical(model, seed, **left_padded(tokenizer),
+                         generation_config=trl_config(tokenizer, [tokenizer.eos_token_id], **sampling))
+    with monkeypatch.context() as patch:  # decoded by decode.sample itself, not handed to transformers' loop
+        patch.setattr(type(model), "_sample", lambda *a, **k: pytest.fail("transformers' _sample ran"))
+        decode.generate(model, **left_padded(tokenizer), generation_config=trl_config(tokenizer, [1]))
