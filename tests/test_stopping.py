@@ -106,3 +106,16 @@ def test_the_fast_eval_model_checks_stops_with_stop_sequences(tiny_model_dir, to
     context = batch(tokenizer, ["", ""], prompt="Q: 12+7\nA:")
     lm._model_generate(context, context.shape[1] + 8, ["\nQ:"], do_sample=False)
     assert len(built) == 1 and isinstance(built[0][0], stopping.StopSequences)
+
+
+def test_a_window_is_decoded_once(tokenizer):
+    # rows that ended (here: the same padding from step 3 on) repeat their window: decoded once per generate call
+    prompt_length = len(tokenizer.encode("Q: 1+2\nA:", add_special_tokens=False))
+    sequences = batch(tokenizer, [" 3", " 3", " 12345678"])
+    criteria = stop_sequences_criteria(tokenizer, ["\nQ:"], prompt_length, 3)
+    theirs = decisions(lm_eval_criteria(tokenizer, ["\nQ:"], prompt_length, 3), sequences, prompt_length)
+    assert decisions(criteria, sequences, prompt_length) == theirs
+    (criterion,) = criteria
+    steps = sequences.shape[1] - prompt_length
+    assert criterion.checked_windows == 3 * steps
+    assert criterion.decoded_windows < 2 * steps + 1  # rows 0 and 1 share every window
