@@ -7,7 +7,7 @@
 #
 # What it emulates and what not: the quota is a pool, so while two single-thread jobs run each gets 1/FACTOR of a
 # CPU (the job time of a FACTOR-slower CPU), but a job running alone can use a whole CPU (up to the pool): phases with
-# one job are not slowed. The quota is enforced every `period` (10 ms), so processes also lose their caches more
+# one job are not slowed. The quota is enforced every period (100 ms), so processes also lose their caches more
 # often than on a slower CPU: the emulation errs slow rather than fast. Needs root and the cgroup v1 `cpu` controller
 # (/sys/fs/cgroup/cpu) or cgroup v2 with the `cpu` controller enabled for children of the root.
 set -euo pipefail
@@ -18,7 +18,9 @@ if [[ $# -lt 2 ]]; then
 fi
 factor=$1
 shift
-period_us=10000
+# the CFS default period; with 10 ms the 2-thread warm start took 65 s against 41 s at 100 ms (two sweeps, ~10% machine
+# speed drift between them): its threads wait on each other when one is throttled
+period_us=100000
 if ! quota_us=$(python3 -c "import os, sys; f = float(sys.argv[1]); sys.exit(f'FACTOR must be a number >= 1, got \
 {f}') if not f >= 1 else print(int(os.cpu_count() * $period_us / f))" "$factor" 2>&1); then
     echo "bench/cpu_quota.sh: $quota_us" >&2
