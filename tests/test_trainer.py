@@ -407,6 +407,8 @@ def test_packed_rows_share_a_prompt_by_hand():
 def test_fast_decode_gives_the_same_rollouts_and_losses(tiny_model_dir, tmp_path, monkeypatch):
     # train.fast_decode decodes TRL's generate call with harness/model/decode.py: two steps (the second sampling
     # from weights the first changed) give the same completion ids and losses as TRL's plain generate
+    from test_minibatches import run  # trains, recording each generation's completion ids
+
     from harness.model import decode
 
     decoded = []
@@ -420,17 +422,9 @@ def test_fast_decode_gives_the_same_rollouts_and_losses(tiny_model_dir, tmp_path
                                   learning_rate=2e-2, max_completion_length=12)
         trainer.reward_funcs = [lambda completions, **kw: [float(len(c) % 2) for c in completions]]
         trainer.args.max_steps = 2
-        rollouts, generate = [], trainer._generate_and_score_completions
-
-        def recording(inputs):
-            out = generate(inputs)
-            rollouts.append(out["completion_ids"].clone())
-            return out
-
-        trainer._generate_and_score_completions = recording
-        trainer.train()
+        rollouts, steps = run(trainer)
         assert "forward" in vars(trainer.model)  # TRL's fused forward is back after generating
-        return rollouts, [r["loss"] for r in trainer.state.log_history if "loss" in r]
+        return rollouts, [r["loss"] for r in steps]
 
     plain_rollouts, plain_losses = two_steps(False)
     assert decoded == []
