@@ -5,7 +5,7 @@ it for the hf backend."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from unittest.mock import patch
 
 import lm_eval.models.huggingface as lm_eval_hf
 from lm_eval.api.registry import register_model
@@ -17,16 +17,10 @@ from harness.model.decode import generating_with_sample
 MODEL_NAME = "harness-hf"
 
 
-@contextmanager
 def harness_stop_sequences():
     """HFLM._model_generate builds its criteria with the module's ``stop_sequences_criteria`` (lm-eval 0.4.13; pinned
     in tests/test_stopping.py): for the call, that name is the drop-in with the same decisions."""
-    saved = lm_eval_hf.stop_sequences_criteria
-    lm_eval_hf.stop_sequences_criteria = stop_sequences_criteria
-    try:
-        yield
-    finally:
-        lm_eval_hf.stop_sequences_criteria = saved
+    return patch.object(lm_eval_hf, "stop_sequences_criteria", stop_sequences_criteria)
 
 
 @register_model(MODEL_NAME)
