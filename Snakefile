@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.config.schema import resolve, load_method
 from harness.config.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
+from harness.forkserver import ForkServers
 from harness.ops.resources import released_checkpoints, rule_resources, train_command
 
 
@@ -93,6 +94,27 @@ METHOD, SEED, CKPT = "{method}", "{seed}", "{ckpt}"
 RUN_FILE = str(PATHS.run_file(METHOD, SEED))
 REPORT_OUTPUTS = [str(p) for p in PATHS.report_files()]
 REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}.yaml"
+
+
+# Jobs run on this machine: train and eval jobs run in children forked from a server per command that has imported
+# torch, transformers, TRL and lm-eval once (harness/forkserver.py; same results; HARNESS_FORK_SERVER=off: none).
+# A server's environment is the one Snakemake gives its rule's jobs (threads capped at --cores).
+FORK_SERVERS = ForkServers({"train": min(PRESET.train.threads, workflow.cores or PRESET.train.threads),
+                            "eval": min(PRESET.eval.threads, workflow.cores or PRESET.eval.threads)},
+                           PRESET.model.kind, PRESET.eval.backend, PATHS.logs_dir)
+
+
+onstart:
+    if workflow.local_exec and not workflow.remote_exec:
+        FORK_SERVERS.start()
+
+
+onsuccess:
+    FORK_SERVERS.stop()
+
+
+onerror:
+    FORK_SERVERS.stop()
 
 
 rule all:
