@@ -160,8 +160,9 @@ def _stop(signum, frame):
     raise _Stop
 
 
-def serve(socket_path: Path, modules: list[str]) -> None:
-    """Import ``modules``, then fork a child per request until SIGTERM or until the parent (Snakemake) is gone."""
+def serve(socket_path: Path, modules: list[str], target: str = "harness.cli:main") -> None:
+    """Import ``modules``, then fork a child per request, which runs ``target`` (module:function, called with the
+    command's arguments), until SIGTERM or until the parent (Snakemake) is gone."""
     parent, environment = os.getppid(), dict(os.environ)
     for name in modules:
         importlib.import_module(name)
@@ -179,7 +180,7 @@ def serve(socket_path: Path, modules: list[str]) -> None:
         while os.getppid() == parent:
             for key, _ in selector.select(timeout=1.0):
                 if key.data is None:
-                    _accept(listener, selector, children, (environment, sources), set_by_imports)
+                    _accept(listener, selector, children, (environment, sources), (target, set_by_imports))
                 elif key.data[0] == "exit":
                     _report_exit(key.data[1], selector, children)
                 else:  # the command's connection: readable only when the command is gone
@@ -191,9 +192,13 @@ def serve(socket_path: Path, modules: list[str]) -> None:
             _signal_group(pid, signal.SIGTERM)
         listener.close()
         socket_path.unlink(missing_ok=True)
+        try:  # the last server of a sweep removes the folder (Snakemake's onsuccess / onerror do too)
+            socket_path.parent.rmdir()
+        except OSError:
+            pass
 
 
-def _accept(listener: socket.socket, selector, children: dict, checks: tuple, set_by_imports: dict) -> None:
+def _accept(listener: socket.socket, selector, children: dict, checks: tuple, job: tuple) -> None:
     conn, _ = listener.accept()
     conn.settimeout(10)
     try:
@@ -217,7 +222,7 @@ def _accept(listener: socket.socket, selector, children: dict, checks: tuple, se
     if pid == 0:
         inherited = [listener.fileno(), conn.fileno(), selector.fileno()]
         inherited += [fd for c, pidfd in children.values() for fd in (c.fileno(), pidfd)]
-        _run_child(request, set_by_imports, fds, inherited)  # never returns
+        _run_child(request, *job, fds, inherited)  # never returns
     for fd in fds:
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -256,7 +261,7 @@ def _send(conn: socket.socket, message: dict) -> None:
         pass
 
 
-def _run_child(request: dict, set_by_imports: dict, fds: list[int], inherited: list[int]) -> None:
+def _run_child(request: dict, target: str, set_by_imports: dict, fds: list[int], inherited: list[int]) -> None:
     """In the forked child: become the job (streams, directory, environment, arguments), run it, exit. The
     environment is the command's, plus what the server's imports set (the job's own imports would have)."""
     status = 1
@@ -273,9 +278,8 @@ def _run_child(request: dict, set_by_imports: dict, fds: list[int], inherited: l
         os.environ.clear()
         os.environ.update({**request["env"], **set_by_imports})
         sys.argv = [request["argv0"], *request["argv"]]
-        from harness.cli import main as cli_main
-
-        status = cli_main(request["argv"])
+        module, function = target.split(":")
+        status = getattr(importlib.import_module(module), function)(request["argv"])
     except SystemExit as exc:  # as the interpreter maps it
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -343,5 +347,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="a fork server (started by the Snakefile's onstart)")
     parser.add_argument("socket", type=Path)
     parser.add_argument("modules", nargs="*", help="modules to import before serving")
+    parser.add_argument("--target", default="harness.cli:main", help="module:function a child runs (tests)")
     arguments = parser.parse_args()
-    serve(arguments.socket, arguments.modules)
+    serve(arguments.socket, arguments.modules, arguments.target)

@@ -88,6 +88,21 @@ def test_runs_record_config_provenance_and_budget(completed_sweep):
         assert (root / "runs" / "uniform" / "seed0" / ckpt / "model.safetensors").is_file()
 
 
+def test_local_jobs_ran_forked_and_write_what_a_process_of_their_own_writes(completed_sweep, tmp_path):
+    _, _, root = completed_sweep
+    for log in ("train/uniform_seed0.log", "eval/uniform_seed0.log", "eval/warmstart_seed0_ckpt-000.log"):
+        text = (root / "logs" / log).read_text()
+        assert re.search(r"^forked: pid=\d+ exit=0 ", text, flags=re.M), text[-2000:]  # harness/forkserver.py
+    # the last checkpoint's eval again, in a process of its own: the same samples, byte for byte
+    own = subprocess.run([sys.executable, "-m", "harness.cli", "eval", "--sweep", str(root / "sweep.yaml"),
+                          "--label", "uniform", "--seed", "0", "--ckpt", "ckpt-100", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "HARNESS_FORK_SERVER": "off"})
+    assert own.returncode == 0, own.stderr[-2000:]
+    for bench in ("arith", "arith_ood"):
+        forked = root / "eval" / "uniform" / "seed0" / "ckpt-100" / bench / "samples.jsonl"
+        assert (tmp_path / bench / "samples.jsonl").read_bytes() == forked.read_bytes()
+
+
 def test_complete_sweep_has_nothing_to_do_and_a_new_method_runs_only_its_jobs(completed_sweep):
     workdir, sweep_file, _ = completed_sweep
     again = snakemake(workdir, sweep_file, "-n")
