@@ -271,8 +271,8 @@ def _run_child(request: dict, target: str, set_by_imports: dict, fds: list[int],
         os.setpgid(0, 0)  # its own group: a forwarded signal reaches whatever it starts
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for target, fd in zip((0, 1, 2), fds):
-            os.dup2(fd, target)
+        for stream_fd, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, stream_fd)
             os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
