@@ -83,8 +83,11 @@ def run_forked(socket_path: Path, argv: list[str]) -> int | None:
     with conn:
         request = {"argv": argv, "argv0": sys.argv[0], "cwd": os.getcwd(), "env": dict(os.environ),
                    "executable": sys.executable, "sys_path": sys.path[1:]}
-        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
-        reply = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the server closed the connection"}')
+        try:
+            socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+            reply = json.loads(conn.recv(MAX_MESSAGE) or b'{"refused": "the server closed the connection"}')
+        except OSError as exc:  # a standard stream not open, or the server gone
+            reply = {"refused": f"could not hand the job over ({exc})"}
         if "refused" in reply:
             print(f"fork server {socket_path} refused: {reply['refused']}: running in this process",
                   file=sys.stderr, flush=True)
@@ -92,7 +95,10 @@ def run_forked(socket_path: Path, argv: list[str]) -> int | None:
         child = reply["pid"]
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, lambda signum, frame: _signal_group(child, signum))
-        message = conn.recv(MAX_MESSAGE)  # blocks until the child exits; a forwarded signal resumes the wait
+        try:
+            message = conn.recv(MAX_MESSAGE)  # blocks until the child exits; a forwarded signal resumes the wait
+        except OSError:
+            message = b""
     if not message:
         print(f"fork server {socket_path} closed before child {child} exited", file=sys.stderr, flush=True)
         return 1
@@ -271,7 +277,7 @@ def _run_child(request: dict, target: str, set_by_imports: dict, fds: list[int],
         os.setpgid(0, 0)  # its own group: a forwarded signal reaches whatever it starts
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for stream_fd, fd in zip((0, 1, 2), fds):
+        for stream_fd, fd in zip((0, 1, 2), fds, strict=True):
             os.dup2(fd, stream_fd)
             os.close(fd)
         os.chdir(request["cwd"])

@@ -2,8 +2,8 @@
 
 - only harness/train/adapter.py imports ``trl`` (in harness/, methods/ and bench/);
 - methods/ never imports ``harness``;
-- harness/ packages import one way, config -> data -> model -> train -> evaluation -> ops -> report -> cli -> forkserver: no
-  module imports a package later in that order, also not inside a function;
+- harness/ packages import one way, config -> data -> model -> train -> evaluation -> ops -> report -> cli
+  -> forkserver: no module imports a package later in that order, also not inside a function;
 - no import cycle between the modules of harness/ (lazy imports inside functions count: they only hide a cycle);
 - every repository path named in a docstring or comment of harness/, methods/, Snakefile and tests/ exists.
 """
