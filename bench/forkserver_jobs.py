@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,9 +135,9 @@ def main() -> None:
 
 def summary_markdown(record: dict) -> str:
     env = record["environment"]
-    rows = [[key, f"{sorted(record['measured']['plain'][key])[len(record['measured']['plain'][key]) // 2]:.2f}",
-             f"{sorted(record['measured']['forked'][key])[len(record['measured']['forked'][key]) // 2]:.2f}",
-             fmt_ratio(r)] for key, r in record["ratios"].items()]
+    medians = {v: {k: statistics.median(xs) for k, xs in record["measured"][v].items()} for v in VARIANTS}
+    rows = [[key, f"{medians['plain'][key]:.2f}", f"{medians['forked'][key]:.2f}", fmt_ratio(r)]
+            for key, r in record["ratios"].items()]
     return "\n".join([
         "## Fork server: a default-sweep job forked vs in its own process", "",
         f"{env['date']}; {record['settings']['rounds']} rounds, order alternating; load average "
