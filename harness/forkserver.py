@@ -119,7 +119,7 @@ def _signal_group(pid: int, signum: int) -> None:
 
 def preload_modules(command: str, model_kind: str, eval_backend: str) -> list[str]:
     """What a job of ``command`` imports: the modules ``harness.cli`` imports for it, and the model code that
-    loading the preset's model imports later (char_llama builds a Llama)."""
+    loading the preset's model imports later (char_llama builds a Llama; other kinds import theirs in the job)."""
     modules = {"train": ["harness.cli", "harness.train.adapter", "harness.train.run"],
                "eval": ["harness.cli", "harness.evaluation.driver", "lm_eval", "lm_eval.tasks",
                         "transformers.models.auto.tokenization_auto",
@@ -215,16 +215,19 @@ def _accept(listener: socket.socket, selector, children: dict, checks: tuple, jo
         conn.close()
         print(f"bad request: {exc!r}", flush=True)
         return
-    if reason:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        pid = os.fork() if not reason else None
+    except OSError as exc:  # out of memory or processes: the command runs on its own
+        pid, reason = None, f"fork failed ({exc})"
+    if pid is None:
         print(f"refused {request['argv']}: {reason}", flush=True)
         _send(conn, {"refused": reason})
         for fd in fds:
             os.close(fd)
         conn.close()
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
     if pid == 0:
         inherited = [listener.fileno(), conn.fileno(), selector.fileno()]
         inherited += [fd for c, pidfd in children.values() for fd in (c.fileno(), pidfd)]
