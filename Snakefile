@@ -99,14 +99,13 @@ REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}
 # Jobs run on this machine: train and eval jobs run in children forked from a server per command that has imported
 # torch, transformers, TRL and lm-eval once (harness/forkserver.py; same results; HARNESS_FORK_SERVER=off: none).
 # A server's environment is the one Snakemake gives its rule's jobs (threads capped at --cores).
-FORK_SERVERS = ForkServers({"train": min(PRESET.train.threads, workflow.cores or PRESET.train.threads),
-                            "eval": min(PRESET.eval.threads, workflow.cores or PRESET.eval.threads)},
-                           PRESET.model.kind, PRESET.eval.backend, PATHS.logs_dir)
+FORK_SERVERS = ForkServers(PRESET.model.kind, PRESET.eval.backend, PATHS.logs_dir)
 
 
 onstart:
-    if workflow.local_exec and not workflow.remote_exec:
-        FORK_SERVERS.start()
+    if workflow.local_exec and not workflow.remote_exec:  # (workflow.cores is only defined here)
+        FORK_SERVERS.start({"train": min(PRESET.train.threads, workflow.cores),
+                            "eval": min(PRESET.eval.threads, workflow.cores)})
 
 
 onsuccess:

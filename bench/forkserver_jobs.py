@@ -90,9 +90,8 @@ def main() -> None:
             subprocess.run([HARNESS, command, "--sweep", str(sweep)], check=True,
                            env={**os.environ, ENV_VAR: "off"})
     preset = resolved.preset
-    servers = ForkServers({"train": preset.train.threads, "eval": preset.eval.threads}, preset.model.kind,
-                          preset.eval.backend, workdir / "logs")
-    servers.start()
+    servers = ForkServers(preset.model.kind, preset.eval.backend, workdir / "logs")
+    servers.start({"train": preset.train.threads, "eval": preset.eval.threads})
     folder = os.environ[ENV_VAR]
     while not all(Path(folder, f"{c}.sock").exists() for c in ("train", "eval")):
         time.sleep(0.2)

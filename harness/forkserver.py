@@ -316,12 +316,13 @@ class ForkServers:
     """The servers of one Snakemake invocation: ``start`` in ``onstart`` (local execution only), ``stop`` in
     ``onsuccess`` / ``onerror``. Each server gets the environment Snakemake gives its rule's jobs."""
 
-    def __init__(self, threads: dict[str, int], model_kind: str, eval_backend: str, log_dir: Path) -> None:
-        self.threads, self.model_kind, self.eval_backend, self.log_dir = threads, model_kind, eval_backend, log_dir
+    def __init__(self, model_kind: str, eval_backend: str, log_dir: Path) -> None:
+        self.model_kind, self.eval_backend, self.log_dir = model_kind, eval_backend, log_dir
         self.folder: Path | None = None
         self.processes: list[subprocess.Popen] = []
 
-    def start(self) -> None:
+    def start(self, threads: dict[str, int]) -> None:
+        """``threads``: per command, the threads Snakemake gives its rule's jobs."""
         if sys.platform != "linux" or os.environ.get(ENV_VAR) == "off":
             return
         self.folder = Path(tempfile.mkdtemp(prefix="harness-fork-"))  # short: a socket path has ~100 bytes
@@ -329,7 +330,7 @@ class ForkServers:
         os.environ[ENV_VAR] = str(self.folder)
         for command in SERVED:
             # Snakemake's per-job variables: threads, and the default `tmpdir` resource (the system's)
-            env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(self.threads[command])),
+            env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads[command])),
                    **dict.fromkeys(TMPDIR_VARS, tempfile.gettempdir())}
             modules = preload_modules(command, self.model_kind, self.eval_backend)
             with open(self.log_dir / f"forkserver_{command}.log", "w") as log:

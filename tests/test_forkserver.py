@@ -145,9 +145,9 @@ def test_refusal_names_what_differs(tmp_path):
 
 def test_fork_servers_start_and_stop(tmp_path, monkeypatch):
     monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
-    servers = forkserver.ForkServers({"train": 1, "eval": 1}, "none", "none", tmp_path / "logs")
+    servers = forkserver.ForkServers("none", "none", tmp_path / "logs")
     monkeypatch.setattr(forkserver, "preload_modules", lambda command, kind, backend: [])
-    servers.start()
+    servers.start({"train": 1, "eval": 1})
     folder = Path(os.environ[forkserver.ENV_VAR])
     deadline = time.monotonic() + 60
     while not all((folder / f"{c}.sock").exists() for c in forkserver.SERVED) and time.monotonic() < deadline:
@@ -161,6 +161,6 @@ def test_fork_servers_start_and_stop(tmp_path, monkeypatch):
 
 def test_fork_servers_off(tmp_path, monkeypatch):
     monkeypatch.setenv(forkserver.ENV_VAR, "off")
-    servers = forkserver.ForkServers({"train": 1, "eval": 1}, "char_llama", "hf", tmp_path)
-    servers.start()
+    servers = forkserver.ForkServers("char_llama", "hf", tmp_path)
+    servers.start({"train": 1, "eval": 1})
     assert servers.processes == [] and os.environ[forkserver.ENV_VAR] == "off"
