@@ -233,6 +233,10 @@ def test_interrupted_training_jobs_were_resubmitted_and_resumed(sweeps):
 
 def test_slurm_sweep_equals_the_local_sweep(sweeps):
     local, slurm = sweeps["local"], sweeps["slurm"]
+    # the local jobs ran forked from the sweep's fork servers (harness/forkserver.py), the Slurm jobs on their own
+    local_logs = [*(local / "logs" / "train").glob("*.log"), *(local / "logs" / "eval").glob("*.log")]
+    assert local_logs and all("\nforked: pid=" in p.read_text() for p in local_logs)
+    assert not [p for p in (slurm / "logs").rglob("*.log") if "forked: pid=" in p.read_text()]
     for name in ("leaderboard.csv", "leaderboard_runs.csv"):
         assert _rows(slurm / name) == _rows(local / name), name
     board = [(root / "leaderboard.md").read_text().split("## Realised budget")[0] for root in (local, slurm)]
