@@ -288,7 +288,7 @@ def _run_child(request: dict, target: str, set_by_imports: dict, fds: list[int],
         os.environ.update({**request["env"], **set_by_imports})
         sys.argv = [request["argv0"], *request["argv"]]
         module, function = target.split(":")
-        status = getattr(importlib.import_module(module), function)(request["argv"])
+        raise SystemExit(getattr(importlib.import_module(module), function)(request["argv"]))  # as the script does
     except SystemExit as exc:  # as the interpreter maps it
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
