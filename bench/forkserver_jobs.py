@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,11 +29,11 @@ from _common import add_path_args, environment, fmt_ratio, paired_ratio, publish
 
 from harness.config.paths import CONFIG_DIR, SweepPaths
 from harness.config.schema import resolve
-from harness.forkserver import ENV_VAR, THREAD_VARS, TMPDIR_VARS, ForkServers
+from harness.forkserver import ENV_VAR, ForkServers, job_environment
 
 HARNESS = str(Path(sys.executable).parent / "harness")
 VARIANTS = ("plain", "forked")
-TIMING_KEYS = ("seconds", "time", "accel_seconds", "_s")  # metrics that measure time, not the run
+TIMING_KEY = re.compile(r"seconds|time|_s$")  # metrics that measure time, not the run
 
 
 def sweep_file(workdir: Path) -> Path:
@@ -47,9 +47,8 @@ def sweep_file(workdir: Path) -> Path:
 
 
 def job_env(threads: int, server: str) -> dict:
-    """What Snakemake's shell gives a job of ``threads`` threads (snakemake/shell.py), with the fork server named."""
-    return {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads)),
-            **dict.fromkeys(TMPDIR_VARS, tempfile.gettempdir()), ENV_VAR: server}
+    """What Snakemake's shell gives a job of ``threads`` threads, with the fork server named."""
+    return {**job_environment(threads), ENV_VAR: server}
 
 
 def run_job(argv: list[str], env: dict, log: Path) -> float:
@@ -65,7 +64,7 @@ def run_job(argv: list[str], env: dict, log: Path) -> float:
 def run_facts(paths: SweepPaths) -> tuple[float, list[dict]]:
     run = paths.run_dir("uniform", 0)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    untimed = [{k: v for k, v in m.items() if not any(t in k for t in TIMING_KEYS)} for m in metrics]
+    untimed = [{k: v for k, v in m.items() if not TIMING_KEY.search(k)} for m in metrics]
     return json.loads((run / "run.json").read_text())["train_seconds"], untimed
 
 

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ENV_VAR = "HARNESS_FORK_SERVER"  # the folder of the sockets (<command>.sock); "off" disables the servers
@@ -117,17 +118,23 @@ def _signal_group(pid: int, signum: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- the server
 
-def preload_modules(command: str, model_kind: str, eval_backend: str) -> list[str]:
-    """What a job of ``command`` imports: the modules ``harness.cli`` imports for it, and the model code that
-    loading the preset's model imports later (char_llama builds a Llama; other kinds import theirs in the job)."""
-    modules = {"train": ["harness.cli", "harness.train.adapter", "harness.train.run"],
-               "eval": ["harness.cli", "harness.evaluation.driver", "lm_eval", "lm_eval.tasks",
-                        "transformers.models.auto.tokenization_auto",
-                        *(["lm_eval.models.huggingface", "harness.evaluation.hflm"] if eval_backend == "hf" else [])],
-               }[command]
+def preload(command: str | None, model_kind: str, eval_backend: str) -> None:
+    """Import what a job of ``command`` imports: what ``harness.cli`` imports for it (for eval, its
+    ``import_eval_stack``), and the model code that loading the preset's model imports later (char_llama builds a
+    Llama; other kinds import theirs in the job)."""
+    if command is None:
+        return
+    import harness.cli  # noqa: F401
+
+    if command == "train":
+        import harness.train.adapter  # noqa: F401
+        import harness.train.run  # noqa: F401
+    else:
+        from harness.evaluation.driver import import_eval_stack
+
+        import_eval_stack(eval_backend)
     if model_kind == "char_llama":
-        modules.append("transformers.models.llama.modeling_llama")
-    return modules
+        import transformers.models.llama.modeling_llama  # noqa: F401
 
 
 def source_mtimes() -> dict[str, int]:
@@ -166,12 +173,11 @@ def _stop(signum, frame):
     raise _Stop
 
 
-def serve(socket_path: Path, modules: list[str], target: str = "harness.cli:main") -> None:
-    """Import ``modules``, then fork a child per request, which runs ``target`` (module:function, called with the
-    command's arguments), until SIGTERM or until the parent (Snakemake) is gone."""
+def serve(socket_path: Path, preloading: Callable[[], None], target: str = "harness.cli:main") -> None:
+    """Run ``preloading`` (the imports), then fork a child per request, which runs ``target`` (module:function,
+    called with the command's arguments), until SIGTERM or until the parent (Snakemake) is gone."""
     parent, environment = os.getppid(), dict(os.environ)
-    for name in modules:
-        importlib.import_module(name)
+    preloading()
     sources = source_mtimes()
     set_by_imports = {k: v for k, v in os.environ.items() if environment.get(k) != v}
     signal.signal(signal.SIGTERM, _stop)
@@ -312,6 +318,13 @@ def _run_child(request: dict, target: str, set_by_imports: dict, fds: list[int],
 
 # ---------------------------------------------------------------------------------------------- the Snakefile's side
 
+def job_environment(threads: int) -> dict[str, str]:
+    """The environment Snakemake's shell gives a local job of ``threads`` threads (snakemake/shell.py): this
+    process's, with the thread variables and the default ``tmpdir`` resource (the system's temporary folder)."""
+    return {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads)),
+            **dict.fromkeys(TMPDIR_VARS, tempfile.gettempdir())}
+
+
 class ForkServers:
     """The servers of one Snakemake invocation: ``start`` in ``onstart`` (local execution only), ``stop`` in
     ``onsuccess`` / ``onerror``. Each server gets the environment Snakemake gives its rule's jobs."""
@@ -329,14 +342,12 @@ class ForkServers:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         os.environ[ENV_VAR] = str(self.folder)
         for command in SERVED:
-            # Snakemake's per-job variables: threads, and the default `tmpdir` resource (the system's)
-            env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(threads[command])),
-                   **dict.fromkeys(TMPDIR_VARS, tempfile.gettempdir())}
-            modules = preload_modules(command, self.model_kind, self.eval_backend)
             with open(self.log_dir / f"forkserver_{command}.log", "w") as log:
                 self.processes.append(subprocess.Popen(
                     [sys.executable, "-P", "-m", "harness.forkserver", str(self.folder / f"{command}.sock"),
-                     *modules], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                     "--command", command, "--model-kind", self.model_kind, "--eval-backend", self.eval_backend],
+                    env=job_environment(threads[command]), stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT,
                     start_new_session=True))  # its own session: a Ctrl-C at the terminal reaches the jobs' commands
 
     def stop(self) -> None:
@@ -356,7 +367,12 @@ class ForkServers:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="a fork server (started by the Snakefile's onstart)")
     parser.add_argument("socket", type=Path)
-    parser.add_argument("modules", nargs="*", help="modules to import before serving")
+    parser.add_argument("--command", choices=SERVED, help="import what a job of this command imports")
+    parser.add_argument("--model-kind", default="char_llama")
+    parser.add_argument("--eval-backend", default="hf")
+    parser.add_argument("--module", action="append", default=[], help="another module to import (tests)")
     parser.add_argument("--target", default="harness.cli:main", help="module:function a child runs (tests)")
     arguments = parser.parse_args()
-    serve(arguments.socket, arguments.modules, arguments.target)
+    serve(arguments.socket, lambda: (preload(arguments.command, arguments.model_kind, arguments.eval_backend),
+                                     [importlib.import_module(name) for name in arguments.module]),
+          arguments.target)

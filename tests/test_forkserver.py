@@ -39,7 +39,7 @@ def server(tmp_path):
     env = {**server_env(), forkserver.ENV_VAR: str(folder)}
     log = open(tmp_path / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-P", "-m", "harness.forkserver", str(folder / "train.sock"),
-                                "forkserver_probe", "--target", "forkserver_probe:main"],
+                                "--module", "forkserver_probe", "--target", "forkserver_probe:main"],
                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while not (folder / "train.sock").exists():
@@ -145,11 +145,10 @@ def test_refusal_names_what_differs(tmp_path):
 
 def test_fork_servers_start_and_stop(tmp_path, monkeypatch):
     monkeypatch.delenv(forkserver.ENV_VAR, raising=False)
-    servers = forkserver.ForkServers("none", "none", tmp_path / "logs")
-    monkeypatch.setattr(forkserver, "preload_modules", lambda command, kind, backend: [])
+    servers = forkserver.ForkServers("char_llama", "hf", tmp_path / "logs")
     servers.start({"train": 1, "eval": 1})
     folder = Path(os.environ[forkserver.ENV_VAR])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # each server imports its command's modules first
     while not all((folder / f"{c}.sock").exists() for c in forkserver.SERVED) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert {p.name for p in folder.iterdir()} == {"train.sock", "eval.sock"}
