@@ -41,8 +41,10 @@ shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executab
 
 CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
 BENCHES = sorted(PRESET.eval.benchmarks)
+# hub: the one job that reads the hub (harness/data/hub.py); source.json records the files, commit and checksums
 DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
-                (["train.jsonl"] if PRESET.data.kind == "jsonl" else ["train.jsonl", "eval.jsonl", "ood.jsonl"])]
+                (["train.jsonl"] if PRESET.data.kind == "jsonl" else ["train.jsonl", "source.json"]
+                 if PRESET.data.kind == "hub" else ["train.jsonl", "eval.jsonl", "ood.jsonl"])]
 
 
 def digest(obj) -> str:

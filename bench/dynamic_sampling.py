@@ -3,9 +3,10 @@ time against the same step without it.
 
 Variants (``bench/step_overhead.py``'s machinery: the trainer of a run, reset to the warm start before each block,
 torch's RNG seeded per (block, step)): ``uniform`` and ``uniform+ds`` (``train.dynamic_sampling.enabled=true``,
-``prompts_per_round`` = ``prompts_per_step`` unless ``--set`` says otherwise, at most 10 rounds). Both sample the same
-first round, so the ratio is the extra rounds' generation and scoring (the trained batch has the same size); blocks
-interleave A B, B A, ... and block 0 is warm-up.
+``prompts_per_round`` = ``prompts_per_step`` unless ``--set`` says otherwise, at most 10 rounds). With the default
+round size both generate as many prompts in the first round (``uniform`` from TRL's sampler, ``uniform+ds`` from the
+dynamic sampling prompt stream, so other prompts), so the ratio is mostly the extra rounds' generation and scoring
+(the trained batch has the same size); blocks interleave A B, B A, ... and block 0 is warm-up.
 
 Reported per pair (block, step): step wall ratio, generation wall ratio, generation FLOPs ratio (budget ledger), and
 for ``uniform+ds`` the groups generated / kept, the rounds and how often they ran out.
@@ -126,8 +127,8 @@ def summary_markdown(record: dict) -> str:
         "",
         f"{record['environment']['date']}; {s['prompts_per_step']} prompts x {s['num_generations']} rollouts, max "
         f"{s['max_completion_length']} tokens, rounds of {s['prompts_per_round']} prompts, at most "
-        f"{s['max_generation_rounds']}; {st['pairs']} interleaved pairs (uniform with and without dynamic sampling, "
-        f"same first round) after 1 warm-up block; machine {machine_state(record['environment'])}.",
+        f"{s['max_generation_rounds']}; {st['pairs']} interleaved pairs (uniform with and without dynamic sampling) "
+        f"after 1 warm-up block; machine {machine_state(record['environment'])}.",
         "",
         f"Groups with signal: {st['with_signal_frac_pooled']:.0%} of those generated. Groups generated per trained "
         f"group: {st['generated_per_trained_group_pooled']:.2f} pooled, per step median "

@@ -102,7 +102,8 @@ def ensure_batch(args, length: int) -> Path:
     completions = tokenizer.batch_decode([ids[m.bool()] for ids, m in zip(out["completion_ids"],
                                                                           out["completion_mask"], strict=True)],
                                          skip_special_tokens=True)
-    score = reward_function(preset.train.reward, preset.eval.scoring_timeout_s)
+    values = preset.train.reward_values
+    score = reward_function(preset.train.reward, preset.eval.scoring_timeout_s, values.correct, values.wrong)
     rewards = score(None, completions, [a for a in answers for _ in range(preset.train.num_generations)])
     out["rewards"] = torch.tensor(rewards)
     out["group_ids"] = torch.arange(len(rewards)) // preset.train.num_generations

@@ -12,7 +12,8 @@ exactly the same driver, `harness.train.hooks.run_hooks`, on a batch file):
    beyond ``logp``, and only at ``loss_positions`` when a method knows them in advance (NAT's URS).
 5. ``token_weights(stats, batch, ctx)`` returns per-token weights and the loss denominator:
    ``loss = sum(weights * surrogate) / denominator`` (+ beta times the KL term, over every token unless the
-   method sets ``kl_weights``: NAT).
+   method sets ``kl_weights``: NAT), with the denominator's per-rollout parts (``row_denominators``), which the
+   trainer sums over every process of the optimizer step (or over each micro-batch: ``TokenWeights``).
 
 Shapes: B rollouts, T completion positions. Names follow the public ``inspect`` format.
 Methods are pure tensor maps: no TRL, no I/O, no globals; randomness comes from ``ctx.generator()``.
@@ -154,6 +155,12 @@ class TokenWeights:
     ``beta sum(kl_weights kl) / kl_denominator``. None (every method but NAT): the baseline aggregation over every
     completion token of the batch, whatever the method selected (the penalty keeps the whole policy near the
     reference). NAT sets its Horvitz-Thompson weights, so the KL term is unbiased for the full-token one too.
+
+    row_denominators (B,): each rollout's part d_i of the denominator, denominator = max(sum_i d_i, 1)
+    (``aggregation_row_denominators``; kl_row_denominators likewise for kl_denominator). The trainer sums them over
+    the training processes (the loss is one mean over the optimizer step's tokens) or over the rows of each
+    micro-batch (``train.loss_micro_batch_tokens``). None: the denominator is taken as a whole (summed over the
+    processes; the micro-batch option then refuses the method).
     """
 
     weights: torch.Tensor
@@ -161,6 +168,8 @@ class TokenWeights:
     metrics: dict[str, float] = field(default_factory=dict)
     kl_weights: torch.Tensor | None = None
     kl_denominator: torch.Tensor | None = None
+    row_denominators: torch.Tensor | None = None
+    kl_row_denominators: torch.Tensor | None = None
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str = "group",
@@ -203,6 +212,23 @@ def aggregation_weights(mask: torch.Tensor, mode: str, max_completion_length: in
         return weights, (lengths > 0).sum().to(torch.float32).clamp(min=1.0)
     if mode == "seq-mean-token-sum-norm":
         return mask, torch.tensor(float(mask.shape[0] * max_completion_length))
+    raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
+
+
+def aggregation_row_denominators(mask: torch.Tensor, mode: str, max_completion_length: int) -> torch.Tensor:
+    """(B,) each rollout's part d_i of ``aggregation_weights``' denominator over ``mask`` (B, T): D = max(sum d, 1).
+
+    token-mean: d_i = sum_t m_{i,t};  seq-mean-token-mean: d_i = 1 if the rollout has a token in mask, else 0;
+    seq-mean-token-sum-norm: d_i = max_completion_length. Every denominator is such a sum over rollouts, so the
+    denominator of rollouts spread over several processes (or of one micro-batch's rollouts) is the sum of theirs.
+    """
+    mask = mask.to(torch.float32)
+    if mode == "token-mean":
+        return mask.sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        return (mask.sum(dim=1) > 0).to(torch.float32)
+    if mode == "seq-mean-token-sum-norm":
+        return torch.full((mask.shape[0],), float(max_completion_length), device=mask.device)
     raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
 
 
@@ -260,7 +286,8 @@ class Method:
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
         weights, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-        return TokenWeights(weights, denominator)
+        return TokenWeights(weights, denominator, row_denominators=aggregation_row_denominators(
+            batch.completion_mask, ctx.aggregation, ctx.max_completion_length))
 
     # Deviations from the paper, listed by each method; shown in reports beside its results.
     deviations: ClassVar[tuple[str, ...]] = ()

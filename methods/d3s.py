@@ -51,7 +51,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 DENOMINATORS = ("selected", "aggregation", "all")
@@ -184,11 +192,14 @@ class D3S(Method):
         selected.view(-1)[torch.topk(score.flatten(), keep_count(token_keep, n)).indices] = 1.0
         if self.config.denominator == "selected":  # L = sum_K l / |K|
             weights, denominator = aggregation_weights(selected, "token-mean", ctx.max_completion_length)
+            counted, mode = selected, "token-mean"
         elif self.config.denominator == "aggregation":
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+            counted, mode = selected, ctx.aggregation
         else:  # "all": unselected tokens weigh 0 in the baseline's loss over every kept token
             base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights = base * selected
+            weights, counted, mode = base * selected, batch.completion_mask, ctx.aggregation
         metrics = {"group_keep": group_keep, "batch_keep": batch_keep, "token_keep": token_keep,
                    "tokens_selected_frac": float(selected.sum()) / max(n, 1)}
-        return TokenWeights(weights, denominator, metrics)
+        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
+            counted, mode, ctx.max_completion_length))

@@ -45,7 +45,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 SEMANTICS = ("verl", "trl", "ets")
@@ -156,11 +164,13 @@ class Entropy(Method):
         selected = selected.to(torch.float32)
         if self.denominator_mode() == "selected":  # L = sum_S l / |S| under token-mean
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+            counted = selected
         else:  # L = sum_S l / |M| under token-mean
             base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights = base * selected
+            weights, counted = base * selected, batch.completion_mask
         n = int(mask.sum())
         metrics = {"tokens_selected_frac": float(selected.sum()) / max(n, 1)}
         if threshold == threshold:  # not NaN: some token was selected
             metrics["entropy_threshold"] = threshold
-        return TokenWeights(weights, denominator, metrics)
+        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
+            counted, ctx.aggregation, ctx.max_completion_length))

@@ -50,7 +50,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 SCOPES = ("group", "batch")
@@ -176,11 +184,13 @@ class GMTS(Method):
         selected = selected.to(torch.float32)
         if self.config.denominator == "selected":  # L = sum_S l / |S| under token-mean (paper)
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+            counted = selected
         else:  # L = sum_S l / |M| under token-mean (official: unselected advantages zeroed)
             base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights = base * selected
+            weights, counted = base * selected, batch.completion_mask
         n = max(int(mask.sum()), 1)
         metrics = {"tokens_selected_frac": float(selected.sum()) / n,
                    "trust_zero_frac": float(((trust == 0) & mask).sum()) / n,
                    "score_zero_frac": float(((delta == 0) & mask).sum()) / n}
-        return TokenWeights(weights, denominator, metrics)
+        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
+            counted, ctx.aggregation, ctx.max_completion_length))

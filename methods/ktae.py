@@ -46,7 +46,15 @@ from fractions import Fraction
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 TF_EPS = 1e-5  # compute_key_tokens.py: tf_C / (tf_W + 1e-5) - tf_W / (tf_C + 1e-5)
@@ -231,4 +239,5 @@ class KTAE(Method):
             metrics = {"key_abs_mean": float(key.mean()),
                        "key_nonzero_frac": float((key > 1e-6 * self.config.top).float().mean()),
                        "key_saturated_frac": float((key > 0.999 * self.config.top).float().mean())}
-        return TokenWeights(weights, denominator, metrics)
+        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
+            batch.completion_mask, ctx.aggregation, ctx.max_completion_length))

@@ -44,7 +44,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 SCHEMES = ("rpc", "urs")
@@ -80,8 +88,8 @@ class NAT(Method):
     before_forward draws (m, pi) from ``ctx.generator()`` (seeded by run seed, step and process: each process of a
     distributed run draws its own masks) and stores in ``batch.extras`` (all row-indexed):
     nat_sample (B, T) m, nat_inclusion (B, T) pi, nat_base_weights (B, T) w and nat_base_denominator (B,) D
-    (the same D on every row) of the untruncated mask, nat_lengths (B,) |o_i|. token_weights sees the truncated
-    batch and returns weights = m / pi * w, denominator = D.
+    (the same D on every row) of the untruncated mask, nat_base_row_denominators (B,) each row's part of D,
+    nat_lengths (B,) |o_i|. token_weights sees the truncated batch and returns weights = m / pi * w, denominator = D.
     """
 
     needs = frozenset()
@@ -122,6 +130,8 @@ class NAT(Method):
             "nat_inclusion": inclusion,
             "nat_base_weights": base_weights,
             "nat_base_denominator": base_denominator.reshape(1).expand(mask.shape[0]).clone(),
+            "nat_base_row_denominators": aggregation_row_denominators(mask, ctx.aggregation,
+                                                                      ctx.max_completion_length),
             "nat_lengths": mask.sum(dim=1),
         }
         return batch.replace(completion_mask=completion_mask, extras=extras)
@@ -154,4 +164,7 @@ class NAT(Method):
         }
         # the KL term (train.beta > 0) by the same HT weights: E_m[sum (m / pi) w kl / D] = sum w kl / D, the
         # full-token KL term (the baseline's kl weights over the cut mask would drop the late tokens' KL)
-        return TokenWeights(weights, denominator, metrics, kl_weights=weights, kl_denominator=denominator)
+        # D is a sum over the rows of the untruncated mask: its parts (for the sum over processes or micro-batches)
+        parts = batch.extras["nat_base_row_denominators"]
+        return TokenWeights(weights, denominator, metrics, kl_weights=weights, kl_denominator=denominator,
+                            row_denominators=parts, kl_row_denominators=parts)

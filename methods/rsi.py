@@ -29,7 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.registry import register_method
 
 DENOMINATORS = ("all", "selected")
@@ -81,13 +89,15 @@ class RSI(Method):
         selected = (mask & (rsi >= self.config.low) & (rsi <= self.config.high)).to(torch.float32)
         if self.config.denominator == "selected":
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+            counted = selected
         else:
             base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights = base * selected
+            weights, counted = base * selected, batch.completion_mask
         n = max(int(mask.sum()), 1)
         defined = mask & ~torch.isnan(rsi)
         metrics = {"tokens_selected_frac": float(selected.sum()) / n,
                    "rsi_below_frac": float((defined & (rsi < self.config.low)).sum()) / n,
                    "rsi_above_frac": float((defined & (rsi > self.config.high)).sum()) / n,
                    "rsi_undefined_frac": float((mask & torch.isnan(rsi)).sum()) / n}
-        return TokenWeights(weights, denominator, metrics)
+        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
+            counted, ctx.aggregation, ctx.max_completion_length))

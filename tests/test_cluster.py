@@ -31,13 +31,13 @@ HAS_SLURM_PLUGIN = importlib.util.find_spec("snakemake_executor_plugin_slurm") i
 
 # sweep -> (jobs per rule of a fresh DAG, GPUs of a train job, GPUs of an eval job)
 PAPER_SWEEPS = {
-    "paper-8020": ({"data": 1, "warmstart": 1, "train": 6, "eval": 13, "report": 1, "all": 1}, 8, 1),
-    "paper-ktae": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
-    "paper-ktae-grpo": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
-    "paper-gmts": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
-    "paper-d3s": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 8, 1),
-    "paper-rsi": ({"data": 1, "warmstart": 1, "train": 6, "eval": 25, "report": 1, "all": 1}, 4, 1),
-    "paper-nat": ({"data": 1, "warmstart": 1, "train": 9, "eval": 19, "report": 1, "all": 1}, 8, 1),
+    "paper-8020": ({"data": 1, "warmstart": 1, "train": 9, "eval": 19, "report": 1, "all": 1}, 8, 1),
+    "paper-ktae": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
+    "paper-ktae-grpo": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
+    "paper-gmts": ({"data": 1, "warmstart": 1, "train": 12, "eval": 49, "report": 1, "all": 1}, 4, 1),
+    "paper-d3s": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 8, 1),
+    "paper-rsi": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
+    "paper-nat": ({"data": 1, "warmstart": 1, "train": 12, "eval": 25, "report": 1, "all": 1}, 8, 1),
     "published-checkpoints": ({"data": 1, "warmstart": 1, "fetch": 4, "eval": 5, "report": 1, "all": 1}, 0, 1),
 }
 
@@ -171,18 +171,36 @@ def test_job_counts_of_each_paper_sweep(sweep):
 
 
 def test_plan_gpu_hours_follow_the_budget_and_the_eval_estimate():
+    """accel_seconds are device-seconds summed over the training processes: 691,200 on 8 GPUs is 24 h of wall time
+    per train job, 8 x 24 GPU-hours."""
     resolved = resolve(SWEEPS / "paper-8020.yaml")
     rows = {r.rule: r for r in plan(resolved)}
-    assert rows["train"].gpu_hours == pytest.approx(6 * 8 * 24.0)  # 6 runs x 8 GPUs x 86400 accel_seconds
-    assert rows["eval"].gpu_hours == pytest.approx(13 * 1 * 300 / 60)  # 13 jobs x 1 GPU x estimate_minutes
+    assert rows["train"].hours == pytest.approx(691200 / 8 / 3600) == pytest.approx(24.0)
+    assert rows["train"].gpu_hours == pytest.approx(9 * 8 * 24.0)  # 3 labels x 3 seeds x 8 GPUs x 24 h
+    assert rows["eval"].gpu_hours == pytest.approx(19 * 1 * 300 / 60)  # 19 jobs x 1 GPU x estimate_minutes
     assert rows["data"].gpu_hours == 0 and "fetch" not in rows
     text = format_plan(resolved)
-    assert "1217.0  GPU-hours" in text and "warning" not in text
+    assert "1823.0  GPU-hours" in text and "warning" not in text
+
+
+def test_plan_counts_a_vllm_server_gpu_as_held_not_as_budget():
+    """Server mode: 4 GPUs, 3 train; the budget's wall time is amount / 3, and all 4 GPUs are held that long."""
+    resolved = resolve(SWEEPS / "paper-rsi.yaml", ["train.vllm_mode=server", "train.prompts_per_step=63"])
+    train = {r.rule: r for r in plan(resolved)}["train"]
+    assert train.hours == pytest.approx(172800 / 3 / 3600)
+    assert train.gpu_hours == pytest.approx(9 * 4 * 172800 / 3 / 3600)
+
+
+def test_plan_of_a_rollout_budget_says_its_time_is_not_known():
+    train = {r.rule: r for r in plan(resolve(SWEEPS / "paper-ktae.yaml"))}["train"]
+    assert train.hours == pytest.approx(900 / 60) and "1.96608e+06 samples, time not known before a run" in train.basis
 
 
 def test_plan_warns_when_the_time_limit_is_below_the_budget():
-    short = resolve(SWEEPS / "paper-ktae.yaml", ["resources.train.runtime=600"])
-    assert any("SLURM stops it early" in w and "resumes" in w for w in plan_warnings(short))
+    # 172,800 device-seconds on 4 GPUs: 12 h = 720 min of wall time per job
+    short = resolve(SWEEPS / "paper-rsi.yaml", ["resources.train.runtime=600"])
+    assert any("SLURM stops it early" in w and "resumes" in w and "720 min" in w for w in plan_warnings(short))
+    assert not plan_warnings(resolve(SWEEPS / "paper-rsi.yaml", ["resources.train.runtime=720"]))
 
 
 def test_harness_plan_cli(capsys):

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,9 +61,10 @@ def two_process_chunked_run(tiny_sweep, tmp_path_factory):
 def two_process_minibatch_run(tiny_sweep, tmp_path_factory):
     # 4 prompts x 4 rollouts per generation batch, 2 groups per process, 2 mini-batch steps per generation batch:
     # a samples budget of 32 is 2 generation batches, 4 optimizer steps
+    # verl's legacy micro-batch means within 100 tokens (each process splits its 4 rows; both take the larger count)
     return train_two_processes(tiny_sweep, tmp_path_factory.mktemp("ddp_minibatch"), backward_chunk_rows=0,
                                extra=("train.prompts_per_step=4", "train.mini_batches=2", "train.save_every_steps=2",
-                                      "train.budget.amount=32"))
+                                      "train.budget.amount=32", "train.loss_micro_batch_tokens=100"))
 
 
 def weights(folder):
@@ -114,10 +116,24 @@ def test_row_chunked_backward_gives_the_same_synchronised_gradients(two_process_
         assert a == pytest.approx(b, rel=1e-3, abs=1e-7)
 
 
+def test_loss_denominators_are_the_steps_over_both_processes(two_process_run):
+    # one mean over the step's tokens of both processes: the KL term's denominator (every completion token) is the
+    # all-reduced count, which equals the step's generated tokens of both processes as the budget ledger counts them;
+    # entropy's selected count is the sum of each process's max(1, ceil(0.2 n_p))
+    run_dir, _, _ = two_process_run
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    generated = [0] + [r["tokens/generated_total"] for r in lines]
+    for step, record in enumerate(lines):
+        tokens = generated[step + 1] - generated[step]
+        assert record["loss/kl_denominator"] == tokens
+        assert 0.2 * tokens <= record["loss/denominator"] <= 0.2 * tokens + 2
+
+
 def test_dynamic_sampling_rounds_are_decided_alike_on_both_processes(tiny_sweep, tmp_path):
-    # each process keeps 1 of the 2 groups per step; both must run the same rounds (generation and the reward gather
-    # are collective: a process deciding otherwise would hang the run). The 10-step warm start scores 0 almost
-    # everywhere, so most steps run out of their 3 rounds and are completed with zero-variance groups.
+    # each process trains 1 of the 2 groups per step; both must run the same rounds and exchanges (generation, the
+    # reward gather and the exchange of groups are collective: a process deciding otherwise would hang the run). The
+    # 10-step warm start scores 0 almost everywhere, so most steps run out of their 3 rounds and are completed with
+    # zero-variance groups.
     run_dir, _, _ = train_two_processes(tiny_sweep, tmp_path, backward_chunk_rows=0, extra=(
         "train.dynamic_sampling.enabled=true", "train.dynamic_sampling.max_generation_rounds=3",
         "train.budget.amount=48"))
@@ -143,4 +159,29 @@ def test_mini_batches_share_the_budget_and_count_each_pass_once(two_process_mini
     assert flops["old_logp"] > 0 and flops["reference"] == pytest.approx(flops["old_logp"])
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert all(r["loss/micro_batches"] >= 1 for r in lines)
     assert done.stdout.count("trained entropy seed 0") == 1
+
+
+def test_dynamic_sampling_trains_the_first_groups_with_signal_of_both_processes(tiny_model_dir, tmp_path):
+    # tests/dynamic_sampling_probe.py: one step, 4 groups, rounds of 4 prompts (2 per process); the groups with
+    # signal fall 3 on process 0 and 1 on process 1 in the first two rounds. Acceptance over both processes stops
+    # after round 2 (a quota of 2 per process would need a third), the first 4 with signal in generation order are
+    # trained, 2 per process, and one group moves from process 0 to process 1.
+    probe = Path(__file__).resolve().parent / "dynamic_sampling_probe.py"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(probe), str(tiny_model_dir),
+               str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    runs = [json.loads((tmp_path / f"process-{p}.json").read_text()) for p in (0, 1)]
+    assert len(runs[0]["rounds"]) == len(runs[1]["rounds"]) == 2
+    generated = [group for r in range(2) for run in runs for group in run["rounds"][r]]  # (round, process, group)
+    assert len({prompt for prompt, _ in generated}) == 8  # one stream: no prompt twice
+    first = [prompt for prompt, answer in generated if answer == "mixed"][:4]
+    assert [prompt for prompt, _ in generated].index(first[-1]) == 4  # the 4th with signal is process 0's round 2
+    for p, run in enumerate(runs):
+        assert sorted(run["trained"]) == sorted(first[2 * p:2 * p + 2] * 2)  # 2 whole groups (TRL shuffles rows)
+        metrics = run["metrics"]
+        assert (metrics["dynamic_sampling/rounds"], metrics["dynamic_sampling/groups_kept"]) == (2, 4)
+        assert (metrics["dynamic_sampling/groups_generated"], metrics["dynamic_sampling/groups_moved"]) == (8, 1)

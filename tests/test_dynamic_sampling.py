@@ -1,5 +1,7 @@
-"""DAPO dynamic sampling (train.dynamic_sampling): groups without signal never reach a trained mini-batch, every
-generated group is in the budget, rounds are capped and logged, and bad configurations are refused."""
+"""DAPO dynamic sampling (train.dynamic_sampling): the groups trained are the first with signal over all processes
+in generation order, split over the processes in equal contiguous shares; every round reads the one prompt stream;
+groups without signal never reach a trained mini-batch, every generated group is in the budget, rounds are capped
+and logged, and bad configurations are refused. (Two processes end to end: tests/test_distributed.py.)"""
 
 import json
 import shutil
@@ -71,6 +73,7 @@ def record_rounds(trainer) -> list[dict]:
         out = generate(inputs)
         rounds.append(
             {
+                "prompts": [x["prompt"] for x in inputs],
                 "answers": [x["answer"] for x in inputs],
                 "prompt_mask": out[0]["prompt_mask"].clone(),
                 "completion_mask": out[0]["completion_mask"].clone(),
@@ -91,59 +94,146 @@ def test_groups_with_signal_compares_each_group_with_itself():
     assert groups_with_signal(scores, 4).tolist() == [True, True]
 
 
-def test_prompt_stream_is_a_seeded_permutation_per_pass_and_its_cursor_is_its_state():
-    stream = PromptStream(5, seed=3)
-    first = stream.take(7)
-    assert sorted(first[:5]) == list(range(5))  # one pass is a permutation
-    assert stream.cursor == 7
-    resumed = PromptStream(5, seed=3, cursor=7)  # what a checkpoint restores
-    assert resumed.take(8) == stream.take(8)
-    assert PromptStream(5, seed=3).take(15)[5:10] != PromptStream(5, seed=3).take(5)  # another order each pass
-    assert PromptStream(5, seed=4).take(5) != PromptStream(5, seed=3).take(5)
+def test_prompt_stream_reads_whole_rounds_of_one_seeded_permutation_per_pass():
+    stream = PromptStream(10, seed=3)
+    rounds = [stream.take(4) for _ in range(5)]  # a pass holds 2 rounds of 4; its last 2 prompts are skipped
+    assert stream.cursor == 24 and stream.passes == 2.4
+    for first, second in ((rounds[0], rounds[1]), (rounds[2], rounds[3])):
+        assert len(set(first + second)) == 8  # no prompt twice within a pass
+    assert rounds[0] + rounds[1] != rounds[2] + rounds[3]  # another order each pass
+    assert PromptStream(10, seed=4).take(4) != PromptStream(10, seed=3).take(4)
+    whole = PromptStream(10, seed=3)
+    assert sorted(whole.take(10)) == list(range(10)) and sorted(whole.take(10)) == list(range(10))
+    with pytest.raises(ValueError, match="a round of 11 prompts exceeds the 10 training prompts"):
+        whole.take(11)
 
 
-def rollouts(groups: int, group_size: int, tag: int) -> dict:
-    rows = groups * group_size
+def test_prompt_stream_resumes_from_its_cursor():
+    stream = PromptStream(10, seed=3)
+    for _ in range(3):
+        stream.take(4)
+    resumed = PromptStream(10, seed=3, cursor=stream.cursor)  # what a checkpoint restores
+    assert [resumed.take(4) for _ in range(4)] == [stream.take(4) for _ in range(4)]
+
+
+def tags(round_index: int, process: int, group: int, group_size: int) -> list[int]:
+    """The token that identifies each rollout of a group in ``process_rollouts``."""
+    return [1000 * round_index + 100 * process + group * group_size + j for j in range(group_size)]
+
+
+def process_rollouts(round_index: int, process: int, groups: int, group_size: int) -> dict:
+    """One process's rows of a round, as TRL returns them: prompts left-padded to 3 columns (the first all padding),
+    completions right-padded to 4 (the last two all padding); token 0 is the pad."""
+    ids = torch.tensor([t for g in range(groups) for t in tags(round_index, process, g, group_size)])
+    rows = len(ids)
     return {
-        "prompt_ids": torch.full((rows, 2), tag),
-        "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
-        "completion_ids": torch.arange(rows)[:, None] + 100 * tag,
-        "completion_mask": torch.ones(rows, 1),
+        "prompt_ids": torch.stack([torch.zeros(rows, dtype=torch.long), ids % 7 + 1, ids], dim=1),
+        "prompt_mask": torch.tensor([[0, 1, 1]] * rows),
+        "completion_ids": torch.stack([ids, ids, torch.zeros_like(ids), torch.zeros_like(ids)], dim=1),
+        "completion_mask": torch.tensor([[1, 1, 0, 0]] * rows),
     }
 
 
-def test_collector_keeps_each_process_its_first_groups_with_signal_and_drops_the_surplus():
-    # 2 processes, quota 2 groups each, groups of 2; round 1: process 0 has signal in groups 0 and 2, process 1 only
-    # in group 1; round 2: process 0 in groups 0, 1 (surplus), process 1 in group 2
-    collector = GroupCollector(quota=2, processes=2, process_index=1, group_size=2)
-    round_1 = torch.tensor([0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0], dtype=torch.float)  # 3 groups per process
-    collector.add_round(rollouts(3, 2, tag=1), torch.arange(6.0), round_1)
-    assert not collector.full
-    round_2 = torch.tensor([0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0], dtype=torch.float)
-    collector.add_round(rollouts(3, 2, tag=2), torch.arange(6.0) + 10, round_2)
-    assert collector.full
-    assert collector.metrics() == {
+def sample_on_processes(signal: list[list[list[int]]], groups_per_step: int, group_size: int = 2,
+                        max_rounds: int = 10):
+    """Dynamic sampling on len(signal[0]) simulated processes: ``signal[r][p][g]`` = 1 when group g of process p
+    has signal in round r (scores 0, 1, 0, ... else all 0). Rounds stop as the trainer stops them; the exchange
+    hands each process what the others' ``outgoing`` hold for it. -> (collectors, [(rollouts, rewards)] per process)."""
+    processes = len(signal[0])
+    collectors = [GroupCollector(groups_per_step, processes, p, group_size, pad_token_id=0) for p in range(processes)]
+    for r, round_signal in enumerate(signal[:max_rounds]):
+        scores_all = torch.tensor([float(j % 2) * s for groups in round_signal for s in groups
+                                   for j in range(group_size)])
+        rewards_all = 1000.0 * r + torch.arange(len(scores_all), dtype=torch.float)
+        for p, collector in enumerate(collectors):
+            collector.add_round(process_rollouts(r, p, len(round_signal[p]), group_size), rewards_all, scores_all)
+        assert len({c.full for c in collectors}) == 1  # every process takes the same decision
+        if collectors[0].full:
+            break
+    outgoing = [c.outgoing() for c in collectors]
+    results = []
+    for q, collector in enumerate(collectors):
+        assert collector.sources() == [p for p in range(processes) if q in outgoing[p]]
+        results.append(collector.batch({k: v for p in collector.sources() for k, v in outgoing[p][q].items()}))
+    return collectors, results
+
+
+def trained_tags(result) -> list[int]:
+    return result[0]["completion_ids"][:, 0].tolist()
+
+
+def test_acceptance_counts_the_groups_with_signal_of_all_processes():
+    # 2 processes, 4 groups per step, 3 groups per process per round. Round 1: process 0 has signal in all 3 groups,
+    # process 1 in none; round 2: process 1 in group 1 only. Over both processes 3 + 1 = 4 groups: two rounds. (A
+    # quota of 2 per process would have needed a third round for process 1.)
+    collectors, results = sample_on_processes(
+        [[[1, 1, 1], [0, 0, 0]], [[0, 0, 0], [0, 1, 0]], [[1, 1, 1], [1, 1, 1]]], groups_per_step=4)
+    assert collectors[0].rounds == 2
+    chosen = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 1, 1)]  # (round, process, group): the first 4 with signal
+    assert all(c.chosen() == chosen for c in collectors)
+    assert collectors[0].assigned(0) == chosen[:2] and collectors[0].assigned(1) == chosen[2:]
+    # process 0 trains its own groups 0 and 1; process 1 its round-2 group 1 and group 2 of process 0's round 1
+    assert trained_tags(results[0]) == tags(0, 0, 0, 2) + tags(0, 0, 1, 2)
+    assert trained_tags(results[1]) == tags(0, 0, 2, 2) + tags(1, 1, 1, 2)
+    assert results[1][1].tolist() == [4.0, 5.0, 1008.0, 1009.0]  # summed rewards from the gather, not moved
+    assert collectors[1].metrics() == {
         "groups_generated": 12,
-        "groups_with_signal": 6,
+        "groups_with_signal": 4,
         "groups_kept": 4,
         "groups_filled": 0,
+        "groups_moved": 1,
         "rounds": 2,
         "rounds_exhausted": 0.0,
     }
-    batch, rewards = collector.batch(pad_token_id=0)
-    # process 1 keeps round 1's group 1 and round 2's group 2, in generation order
-    assert batch["completion_ids"].flatten().tolist() == [102, 103, 204, 205]
-    assert rewards.tolist() == [2.0, 3.0, 14.0, 15.0]
 
 
-def test_collector_completes_the_step_with_zero_variance_groups_when_rounds_run_out():
-    collector = GroupCollector(quota=3, processes=1, process_index=0, group_size=2)
-    collector.add_round(rollouts(3, 2, tag=1), torch.zeros(6), torch.tensor([0, 0, 1, 0, 1, 1.0]))
-    assert not collector.full
-    metrics = collector.metrics()
-    assert (metrics["groups_kept"], metrics["groups_filled"], metrics["rounds_exhausted"]) == (1, 2, 1.0)
-    batch, _ = collector.batch(pad_token_id=0)
-    assert batch["completion_ids"].flatten().tolist() == [100, 101, 102, 103, 104, 105]  # generation order
+def test_the_surplus_of_the_last_round_is_discarded_and_every_process_trains_the_same_count():
+    # 3 processes, 6 groups per step (2 each), 2 groups per process and round; round 1: 3 with signal, round 2: 4
+    collectors, results = sample_on_processes(
+        [[[0, 1], [1, 0], [0, 1]], [[1, 1], [0, 1], [1, 0]]], groups_per_step=6)
+    assert collectors[0].chosen() == [(0, 0, 1), (0, 1, 0), (0, 2, 1), (1, 0, 0), (1, 0, 1), (1, 1, 1)]
+    assert [len(trained_tags(r)) for r in results] == [4, 4, 4]  # 2 groups of 2 rollouts each
+    assert trained_tags(results[2]) == tags(1, 0, 1, 2) + tags(1, 1, 1, 2)
+    metrics = collectors[0].metrics()
+    assert (metrics["groups_with_signal"], metrics["groups_kept"], metrics["groups_moved"]) == (7, 6, 5)
+
+
+def test_moved_groups_arrive_whole_and_compact():
+    collectors, results = sample_on_processes([[[1, 1], [0, 0]]], groups_per_step=2)
+    (rollouts, _), original = results[1], process_rollouts(0, 0, 2, 2)
+    assert trained_tags(results[1]) == tags(0, 0, 1, 2)  # process 0's group 1, sent to process 1
+    # the padding columns every row of the group shares are not sent: prompts 2 columns, completions 2
+    sent = collectors[0].outgoing()[1][(0, 0, 1)]
+    assert sent["completion_ids"].dtype == torch.int32 and sent["completion_mask"].dtype == torch.bool
+    assert rollouts["prompt_ids"].tolist() == original["prompt_ids"][2:, 1:].tolist()
+    assert rollouts["completion_ids"].tolist() == original["completion_ids"][2:, :2].tolist()
+    assert {k: v.dtype for k, v in rollouts.items()} == {k: v.dtype for k, v in original.items()}
+
+
+def test_rounds_exhausted_completes_the_step_with_the_first_zero_variance_groups():
+    collectors, results = sample_on_processes(
+        [[[0, 0], [0, 1]], [[1, 0], [0, 0]]], groups_per_step=4, max_rounds=2)
+    assert not collectors[0].full and collectors[0].rounds == 2
+    # the 2 with signal, (0, 1, 1) and (1, 0, 0), and the first 2 without, (0, 0, 0) and (0, 0, 1), in order
+    assert collectors[0].chosen() == [(0, 0, 0), (0, 0, 1), (0, 1, 1), (1, 0, 0)]
+    metrics = collectors[1].metrics()
+    assert (metrics["groups_kept"], metrics["groups_filled"], metrics["rounds_exhausted"]) == (2, 2, 1.0)
+    assert trained_tags(results[1]) == tags(0, 1, 1, 2) + tags(1, 0, 0, 2)
+
+
+def test_one_process_trains_its_first_groups_with_signal():
+    collectors, results = sample_on_processes([[[0, 1, 1]], [[1, 0, 1]]], groups_per_step=3)
+    assert collectors[0].rounds == 2 and collectors[0].outgoing() == {} and collectors[0].sources() == []
+    assert trained_tags(results[0]) == tags(0, 0, 1, 2) + tags(0, 0, 2, 2) + tags(1, 0, 0, 2)
+    assert collectors[0].metrics()["groups_moved"] == 0
+
+
+def test_a_process_holds_only_groups_it_may_train():
+    # 2 groups per step: the first 2 with signal and the first 2 without (fillers) are candidates, all on process 0
+    collectors, results = sample_on_processes([[[1, 1, 0, 0], [1, 1, 0, 0]]], groups_per_step=2)
+    assert sorted(collectors[0]._held) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    assert collectors[1]._held == {}
+    assert trained_tags(results[1]) == tags(0, 0, 1, 2)
 
 
 def test_concat_rollouts_pads_prompts_left_and_completions_right():
@@ -194,12 +284,13 @@ def test_every_generated_group_is_in_the_ledger_by_hand(tiny_model_dir, tmp_path
     rounds = record_rounds(trainer)
     trainer.model.train()
     trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-    # round 1 = the sampler's 4 prompts + 2 from the stream, later rounds 6 from the stream (2 rollouts each), until
-    # 4 groups have signal
-    assert all(len(r["answers"]) == 12 for r in rounds)
+    # every round is the next 6 prompts of the stream (2 rollouts each; the sampler's batch is not generated),
+    # until 4 groups have signal
+    stream = PromptStream(len(PROMPTS), seed=0)
+    assert [r["prompts"][::2] for r in rounds] == [[PROMPTS[i]["prompt"] for i in stream.take(6)] for _ in rounds]
     signal = [sum(a == "mixed" for a in r["answers"][::2]) for r in rounds]
     assert sum(signal[:-1]) < 4 <= sum(signal)
-    assert trainer.prompt_stream.cursor == 2 + 6 * (len(rounds) - 1)
+    assert trainer.prompt_stream.cursor == 6 * len(rounds)
     tokenizer = trainer.processing_class
     vocab = len(tokenizer)
     # conftest's model: one layer, d = 32, MLP 64: q, k, v, o = 4 x 32 x 32, gate, up, down = 3 x 32 x 64
@@ -255,7 +346,7 @@ def test_a_run_logs_dynamic_sampling_and_resumes_with_the_same_prompts(tiny_swee
     )
     assert all(m["dynamic_sampling/groups_kept"] + m["dynamic_sampling/groups_filled"] == 2 for m in lines)
     assert full["budget"]["spent"] >= 96
-    assert len(lines) >= 3 and all(m["dynamic_sampling/rounds"] > 1 for m in lines)  # every step draws the stream
+    assert len(lines) >= 3
 
     original = trainer_module.BudgetCallback.on_step_end
 
@@ -271,7 +362,7 @@ def test_a_run_logs_dynamic_sampling_and_resumes_with_the_same_prompts(tiny_swee
     monkeypatch.setattr(trainer_module.BudgetCallback, "on_step_end", original)
     assert json.loads((run_dir / "trl" / "checkpoint-1" / "harness_budget.json").read_text())[
         "prompt_stream_cursor"
-    ] == 2 + 4 * (lines[0]["dynamic_sampling/rounds"] - 1)  # round 1: 2 from the sampler, 2 from the stream
+    ] == 4 * lines[0]["dynamic_sampling/rounds"]  # every round: 4 prompts of the stream
     resumed = run_training(resolved, load_method("uniform"), 0, paths)
     assert resumed["resumed_from"] == "checkpoint-1"
     # the prompts drawn show in the prompt tokens, the rollouts in the generated tokens

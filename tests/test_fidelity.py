@@ -50,7 +50,8 @@ def _complete(extra: str = "", lr: str = '    expect: {train.learning_rate: 1.0e
     for element in REQUIRED_ELEMENTS:
         lines.append(f"  {element}:")
         lines.append("    paper: something")
-        lines.append(lr.rstrip("\n") if element == "lr" else "    status: unknown\n    note: not stated")
+        lines.append(lr.rstrip("\n") if element == "lr" else
+                     "    ours: [train.learning_rate]\n    status: unknown\n    note: not stated")
     return "\n".join(lines) + "\n" + extra
 
 
@@ -62,6 +63,13 @@ def _complete(extra: str = "", lr: str = '    expect: {train.learning_rate: 1.0e
     (_complete(lr="    expect: {train.learning_rate: 1.0}\n    status: match\n"), "not both"),
     (_complete(lr="    expect: {train.learning_rate: 1.0}\n    colour: red\n"), "unknown keys ['colour']"),
     ("elements: {}\n", "expected a mapping with `source`"),
+    # a computed element may not be declared a match, nor shown without our values
+    (_complete().replace("  precision:\n    paper: something\n    ours: [train.learning_rate]\n    status: unknown",
+                         "  precision:\n    paper: something\n    ours: [train.learning_rate]\n    status: match"),
+     "'precision' is computed from the config"),
+    (_complete().replace("  budget:\n    paper: something\n    ours: [train.learning_rate]\n",
+                         "  budget:\n    paper: something\n"), "'budget' is computed from the config"),
+    (_complete(lr="    expect: {derived.no_such_value: 1}\n"), "'derived.no_such_value' is not a derived value"),
 ])
 def test_a_bad_fidelity_file_names_the_file_and_the_key(tmp_path, text, message):
     path = _write(tmp_path, text)
@@ -85,15 +93,45 @@ def test_the_report_opens_with_the_fidelity_table(tmp_path):
     resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
     text = "source: Table 9 of a paper\nelements:\n" + "".join(
         f"  {e}:\n    paper: p-{e}\n    expect: {{train.learning_rate: 1.0e-4}}\n" for e in REQUIRED_ELEMENTS[:-1])
-    text += "  budget:\n    paper: 100 steps\n    status: departure\n    note: matched FLOPs instead\n"
+    text += ("  budget:\n    paper: 100 steps\n    ours: [train.budget.kind]\n    status: departure\n"
+             "    note: matched FLOPs instead\n")
     write_leaderboard(resolved, paths, fidelity_file=_write(tmp_path, text))
     md = (paths.root / "leaderboard.md").read_text()
     assert md.index("## Protocol fidelity") < md.index("Accuracy in %")  # before any number is read
-    assert ("**simplified comparison, not a reproduction: 1 of 14 protocol elements depart from the paper or are "
-            "unknown (budget).** Source: Table 9 of a paper.") in md
-    assert "| budget | 100 steps | - | departure | matched FLOPs instead |" in md
+    assert (f"**simplified comparison, not a reproduction: 1 of {len(REQUIRED_ELEMENTS)} protocol elements depart "
+            "from the paper or are unknown (budget).** Source: Table 9 of a paper.") in md
+    assert "| budget | 100 steps | train.budget.kind=steps | departure | matched FLOPs instead |" in md
     page = (paths.root / "report.html").read_text()
     assert page.index("Protocol fidelity") < page.index("id='leaderboard'")
     assert "<td>p-lr</td><td>train.learning_rate=0.0001</td><td>match</td>" in page.replace("\n", "")
     write_leaderboard(resolved, paths)  # no file for this sweep: no section
     assert "Protocol fidelity" not in (paths.root / "leaderboard.md").read_text()
+
+
+def rows_of(sweep: str, overrides: list[str] | None = None) -> dict:
+    return {r.element: r for r in load_fidelity(FIDELITY / f"{sweep}.yaml", resolve(SWEEPS / f"{sweep}.yaml",
+                                                                                      overrides)).rows}
+
+
+def test_precision_reward_eval_protocol_and_budget_are_computed_from_the_config():
+    ktae = rows_of("paper-ktae")
+    assert ktae["precision"].status == "match"
+    assert "float32 master weights and AdamW state, bfloat16 compute" in ktae["precision"].ours
+    assert ktae["eval_stop"].status == "match" and "derived.eval_stop=[]" in ktae["eval_stop"].ours
+    assert ktae["eval_grader"].status == "departure" and "math_verify" in ktae["eval_grader"].ours
+    assert ktae["budget"].status == "match" and "60 generation rounds of 2048 prompts x 16" in ktae["budget"].ours
+    # the same file, the config changed: pure bf16 weights, the template's stop strings, 0/1 -> +1/-1, top-p 0.7,
+    # half the paper's rollouts
+    changed = rows_of("paper-ktae", ["train.master_dtype=bfloat16", "eval.stop=null", "train.reward_values.wrong=-1",
+                                     "eval.top_p=0.7", "train.budget.amount=983040"])
+    for element in ("precision", "eval_stop", "reward", "eval_top_p", "budget"):
+        assert changed[element].status == "departure", element
+    assert "bfloat16 master weights" in changed["precision"].ours
+    assert "<|im_end|>" in changed["eval_stop"].ours and "30 generation rounds" in changed["budget"].ours
+    # ZeRO-3 keeps float32 master partitions whatever the loaded dtype (DeepSpeed's bf16 optimizer)
+    assert "float32 master weights" in rows_of("paper-8020", ["train.master_dtype=bfloat16"])["precision"].ours
+
+
+def test_accel_seconds_budgets_show_their_wall_time_on_the_jobs_gpus():
+    budget = rows_of("paper-8020")["budget"]
+    assert budget.status == "unknown" and "691,200 device-seconds = 24.0 h on 8 training device(s)" in budget.ours

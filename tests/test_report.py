@@ -441,3 +441,33 @@ def test_sweep_without_a_uniform_label_says_there_is_no_baseline(tmp_path):
     assert evidence.baseline is None
     note = protocol_note(evidence, resolved, 200)
     assert "no baseline" in note and "None" not in note
+
+
+def test_claims_show_the_training_each_run_reached_beside_the_papers(tmp_path):
+    """The claims table sets what the compared runs trained (seed means of their run.json at the full budget)
+    beside the paper's training length from the reported file."""
+    from harness.report.reported import PaperTraining, Reported
+    from harness.report.summary import training_reached
+
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    for label in LABELS:  # what a trained run records: its preset and the ledger at each budget checkpoint
+        for seed in (0, 1):
+            path = paths.run_dir(label, seed) / "run.json"
+            run = json.loads(path.read_text())
+            run["config"]["preset"] = {"train": {"mini_batches": 2, "ppo_epochs": 1}}
+            run["budget"]["checkpoint_spend"] = {"ckpt-100": {
+                "budget/steps": 8 + seed, "budget/samples_total": 1000.0 * (seed + 1), "tokens/generated_total": 5e6}}
+            path.write_text(json.dumps(run))
+    evidence = read_sweep(resolved, paths)
+    reached = training_reached(evidence)
+    assert reached["entropy"] == {"batches": 4.25, "updates": 8.5, "rollouts": 1500.0, "tokens": 5e6}
+    judged = claim_verdicts(evidence, None)
+    header, body = claims_table(judged, reached, None)
+    row = dict(zip(header, body[0], strict=True))
+    claim = judged[0].claim
+    assert row["trained here (method; baseline)"] == (
+        f"{claim.method}: 4.25 batches (8.5 updates), 1.5k rollouts, 5M tokens; "
+        f"{claim.baseline}: 4.25 batches (8.5 updates), 1.5k rollouts, 5M tokens")
+    assert row["paper's run"] == "no paper (stand-in claims)"
+    paper = Reported(tmp_path / "paper-x.yaml", "", "", "", [], {}, [], PaperTraining(60, 1966080, None, "20 epochs"))
+    assert claims_table(judged, reached, paper)[1][0][-1] == "60 batches, 1.97M rollouts, not public tokens (20 epochs)"

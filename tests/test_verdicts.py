@@ -189,3 +189,44 @@ def test_every_reported_file_loads_and_its_claims_name_labels_of_its_sweep():
 def test_claim_effects_are_the_differences_and_margins():
     assert verdicts.claim_effects([IMPROVEMENT, PARITY, IMPROVEMENT]) == [1.0, 2.0]
     assert verdicts.claim_effects([]) == []
+
+
+def test_paper_sweeps_carry_the_aa_label_the_papers_claim_kinds_and_their_training_length():
+    """Every paper sweep runs uniform-aa (uniform under other seeds); 80/20 at 8B is a parity claim (the abstract's
+    'comparable'); each reported file says how long the paper trained, or that it is not public."""
+    import yaml
+
+    from harness.config.paths import CONFIG_DIR
+    from harness.config.schema import load_method
+    from harness.report.reported import load_reported
+
+    for path in sorted((CONFIG_DIR / "sweeps").glob("paper-*.yaml")):
+        labels = yaml.safe_load(path.read_text())["methods"]
+        aa = [load_method(label) for label in labels if label != "uniform"]
+        assert any(spec.name == "uniform" and spec.seed_offset > 0 for spec in aa), path.name
+        reported = load_reported(CONFIG_DIR / "reported" / path.name)
+        assert reported.training is not None and reported.training.where, path.name
+    claim = load_reported(CONFIG_DIR / "reported" / "paper-8020.yaml").claims[0]
+    assert (claim.kind, claim.margin) == ("parity", 1.0) and "comparable" in claim.where
+    ktae = load_reported(CONFIG_DIR / "reported" / "paper-ktae.yaml").training
+    assert (ktae.steps, ktae.rollouts) == (60, 20 * (7500 // 2048) * 2048 * 16)
+    grpo = load_reported(CONFIG_DIR / "reported" / "paper-ktae-grpo.yaml")
+    assert not any("128-prompt" in d for d in grpo.differences)  # the stale "one step per 128 prompts" is gone
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"steps": "many", "where": "x"}, "key 'training.steps'"),
+    ({"steps": -1, "where": "x"}, "key 'training.steps'"),
+    ({"steps": 1}, "key 'training' must map"),
+    ({"steps": 1, "where": "x", "epochs": 2}, "key 'training' must map"),
+])
+def test_a_bad_training_length_names_the_key(tmp_path, training, message):
+    import yaml
+
+    from harness.report.reported import load_reported
+
+    path = tmp_path / "paper-x.yaml"
+    path.write_text(yaml.safe_dump({"source": "s", "numbers": {}, "training": training}))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_reported(path)
+    assert str(path) in str(info.value)

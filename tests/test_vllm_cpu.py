@@ -259,7 +259,7 @@ def sync_probe(sweep_file: str, out_file: str) -> None:
     out = engine.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
                           use_tqdm=False)[0]
     engine_logp = torch.tensor([d[ids[i]].logprob for i, d in enumerate(out.prompt_logprobs) if d is not None])
-    policy = frozen_copy(trainer.model)
+    policy = frozen_copy(trainer.model, torch.float32)
     gaps = {}
     for step, state in weights.items():
         policy.load_state_dict(state)

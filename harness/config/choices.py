@@ -10,6 +10,7 @@ implemented in its module, and ``tests/test_config.py`` fails until both agree.
 - ``PROMPT_TEMPLATES``: ``prompt_template``; each is rendered by ``harness/data/prompts.py``.
 - ``SCORERS``: ``train.reward`` and ``eval.benchmarks.<name>.scorer``; each is ``harness/data/scoring.py``.
 - ``KL_ESTIMATORS``: ``train.kl_estimator``; each is a function of ``harness/train/loss.py`` (``KL_ESTIMATORS``).
+- ``HUB_PROBLEM_TRANSFORMS``: ``data.hub.problem_transform``; each is ``harness/data/hub.py`` (``PROBLEM_TRANSFORMS``).
 
 The loss aggregations (``train.aggregation``) and the token statistics a method may read belong to the method
 interface, ``methods/base.py`` (``AGGREGATIONS``, ``STATISTICS``): ``methods/`` never imports ``harness``.
@@ -20,3 +21,4 @@ GENERATION_COUNTING_BUDGET_KINDS = ("flops", "accel_seconds", "tokens", "samples
 PROMPT_TEMPLATES = ("tiny", "qwen_boxed", "plain_8020", "chat")
 SCORERS = ("numeric", "math_verify")
 KL_ESTIMATORS = ("k1", "k3", "low_var_kl")
+HUB_PROBLEM_TRANSFORMS = ("none", "strip_dapo_instruction")

@@ -45,6 +45,17 @@ def per_device_rollouts(train, processes: int) -> int:
     return groups * train.num_generations
 
 
+def precision(preset) -> str:
+    """What a train job trains in: the dtype of its master weights and AdamW state, and of its forward passes.
+    ``train.master_dtype`` is what the policy is loaded in; under DeepSpeed ZeRO-3 with bf16 compute DeepSpeed keeps
+    float32 master partitions in its optimizer whatever the loaded dtype (its bf16 mode)."""
+    compute, train = preset.model.dtype, preset.train
+    deepspeed = train.launcher == "accelerate" and train.distributed == "deepspeed_zero3" and compute != "float32"
+    masters = "float32" if deepspeed else train.master_dtype
+    how = "autocast" if masters != compute else "the weights' own dtype"
+    return f"{masters} master weights and AdamW state, {compute} compute ({how})"
+
+
 def require_vllm_cpu_build(key: str) -> str:
     """The installed vLLM version when it is vLLM's CPU build (the distribution `vllm` of scripts/vllm-cpu/ carries
     ``+cpu`` in its version); a clear error naming ``key`` (the setting that asked for it) otherwise."""

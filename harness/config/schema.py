@@ -15,6 +15,7 @@ Every error names the file, the dotted key and what is allowed: unknown keys, wr
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from harness.config.choices import (
     BUDGET_KINDS,
     GENERATION_COUNTING_BUDGET_KINDS,
+    HUB_PROBLEM_TRANSFORMS,
     KL_ESTIMATORS,
     PROMPT_TEMPLATES,
     SCORERS,
@@ -79,17 +81,90 @@ class SyntheticConfig:
               "n_ood": (1, None), "slip_rate": (0.0, 1.0)}
 
 
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+_COLUMN_PATH = re.compile(r"([A-Za-z_][\w-]*)((?:\.[A-Za-z_][\w-]*|\[\d+\])*)")
+
+
+def column_path_parts(path: str) -> list[str | int]:
+    """``prompt[0].content`` -> ``["prompt", 0, "content"]``: a column name, then dict keys after dots and list
+    positions (from 0) in brackets. Names are letters, digits, ``_`` and ``-``; anything else is a ValueError."""
+    match = _COLUMN_PATH.fullmatch(path)
+    if not match:
+        raise ValueError(f"{path!r} is not a column path: a column name, then .key or [index] steps "
+                         "(e.g. reward_model.ground_truth, prompt[0].content)")
+    steps = re.findall(r"\.([A-Za-z_][\w-]*)|\[(\d+)\]", match.group(2))
+    return [match.group(1), *(key if key else int(index) for key, index in steps)]
+
+
+@dataclass
+class HubDataConfig:
+    """A training set from the Hugging Face hub (``data.kind: hub``, read by harness/data/hub.py in the sweep's data
+    job only): files of a dataset repository at a pinned commit, each row mapped to {id, problem, answer} by column
+    paths (``column_path_parts``). Hub access comes from huggingface_hub's own settings (HF_TOKEN, HF_HUB_CACHE;
+    HF_HUB_OFFLINE=1 reads a cache filled beforehand with ``hf download``)."""
+
+    repo: str = ""  # hub id of the dataset repository, e.g. BytedTsinghua-SIA/DAPO-Math-17k
+    revision: str = ""  # the commit sha to read (40 hex digits): a branch or tag such as main moves
+    allow_unpinned: bool = False  # read a branch or tag anyway; the commit it resolved to is recorded
+    files: list[str] = field(default_factory=list)  # .parquet / .jsonl paths in the repo (globs allowed), in order
+    # optional: the expected sha256 of files, as sha256sum lines "<64 hex>  <repo path>" (a list: a sweep replaces it)
+    sha256: list[str] = field(default_factory=list)
+    problem: str = ""  # column path of the problem text, e.g. prompt[0].content
+    answer: str = ""  # column path of the final answer, e.g. reward_model.ground_truth
+    # none: the text as the dataset gives it; strip_dapo_instruction: the problem inside DAPO-Math-17k's "Answer:"
+    # instruction (every row must carry it), so that the preset's prompt_template wraps the bare problem
+    problem_transform: str = "none"
+
+    CHOICES = {"problem_transform": HUB_PROBLEM_TRANSFORMS}
+
+
+def hub_config_problems(hub: HubDataConfig) -> list[str]:
+    """What keeps ``data.hub`` from naming one fixed set of rows (checked when ``data.kind`` is hub)."""
+    problems = [f"key 'data.hub.{key}' is empty ({what})" for key, what in (
+        ("repo", "the dataset's hub id"), ("problem", "the column path of the problem text"),
+        ("answer", "the column path of the final answer")) if not getattr(hub, key)]
+    if not hub.files:
+        problems.append("key 'data.hub.files' is empty (the repo's .parquet / .jsonl files to read, in order)")
+    for key in ("problem", "answer"):
+        if getattr(hub, key):
+            try:
+                column_path_parts(getattr(hub, key))
+            except ValueError as exc:
+                problems.append(f"key 'data.hub.{key}': {exc}")
+    if not COMMIT_SHA.fullmatch(hub.revision) and not hub.allow_unpinned:
+        problems.append(f"key 'data.hub.revision': {hub.revision!r} is not a commit sha (40 lower-case hex digits): "
+                        "a branch or tag (main) can move, so the rows would not be fixed. Pin the commit (the "
+                        "dataset page's history, or `HfApi().dataset_info(repo).sha`), or set "
+                        "data.hub.allow_unpinned=true to read it anyway (the data job records the commit it got)")
+    bad = [line for line in hub.sha256 if not re.fullmatch(r"[0-9a-f]{64}  \S.*", line)]
+    if bad:
+        problems.append(f"key 'data.hub.sha256': {bad} are not sha256sum lines '<64 lower-case hex>  <repo path>'")
+    return problems
+
+
+def hub_pinned_digests(hub: HubDataConfig) -> dict[str, str]:
+    """``data.hub.sha256`` as {repo path: digest}."""
+    return {line[66:]: line[:64] for line in hub.sha256}
+
+
 @dataclass
 class DataConfig:
-    """Training prompts: generated (synthetic), a JSONL file of {id, problem, answer} rows, or both (mixed)."""
+    """Training prompts: generated (synthetic), a JSONL file of {id, problem, answer} rows, or both (mixed), or a
+    dataset on the Hugging Face hub at a pinned commit (hub)."""
 
     kind: str = "synthetic"
     train_file: str = ""  # jsonl: path relative to the repo root
-    max_train_rows: int = 0  # jsonl: 0 = all
+    max_train_rows: int = 0  # jsonl, hub: the first rows only; 0 = all
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    hub: HubDataConfig = field(default_factory=HubDataConfig)
 
-    CHOICES = {"kind": ("synthetic", "jsonl", "mixed")}
+    CHOICES = {"kind": ("synthetic", "jsonl", "mixed", "hub")}
     RANGES = {"max_train_rows": (0, None)}
+
+    def __post_init__(self):
+        problems = hub_config_problems(self.hub) if self.kind == "hub" else []
+        if problems:
+            raise ValueError("data.kind=hub: " + "; ".join(problems))
 
 
 @dataclass
@@ -109,8 +184,11 @@ class WarmstartConfig:
 class BudgetConfig:
     """The compute every run of a sweep may spend (harness/train/budget.py says how each kind is counted).
 
-    flops: analytic FLOPs of generation, scoring and training; accel_seconds: measured seconds (CUDA events on a
-    GPU, process time on CPU); tokens: every token the model processed; samples: rollouts; steps: optimizer steps.
+    flops: analytic FLOPs of generation, scoring and training; accel_seconds: measured device-seconds, each training
+    process's step seconds (CUDA events on a GPU, process time on CPU) summed over the processes, so P GPUs spend
+    an amount in amount / P seconds of wall time (a vLLM server's GPUs are not counted); tokens: every token the
+    model processed; samples: rollouts generated (dynamic sampling's discarded rounds included); steps: optimizer
+    steps.
     A run stops after the step at which spent >= amount (overshoot: at most one step) and saves the model when
     the spend first reaches each fraction of ``checkpoint_fractions``; each such checkpoint is evaluated.
     """
@@ -144,15 +222,31 @@ class OverlongConfig:
 
 
 @dataclass
+class RewardValuesConfig:
+    """The correctness reward of a rollout (``train.reward`` decides correct or wrong). 1/0 is TRL's and verl's
+    default scorers'; verl's math_dapo scorer (DAPO-Math-17k's data source) gives +1/-1, which halves the weight of
+    DAPO's overlong punishment (in [-penalty, 0], added to this) against correctness."""
+
+    correct: float = 1.0
+    wrong: float = 0.0
+
+    def __post_init__(self):
+        if not self.correct > self.wrong:
+            raise ValueError(f"key 'train.reward_values': correct={self.correct} must be greater than "
+                             f"wrong={self.wrong}")
+
+
+@dataclass
 class DynamicSamplingConfig:
     """DAPO's dynamic sampling (harness/train/dynamic_sampling.py; verl recipe/dapo ``algorithm.filter_groups``):
     prompt groups whose rollouts are all correct or all wrong are dropped and more prompts are generated, in rounds,
-    until every process holds its share of ``train.prompts_per_step`` groups with signal; surplus groups are
-    discarded. Every round's generation counts in the budget, so the budget kind must count generation."""
+    until all processes together hold ``train.prompts_per_step`` groups with signal; the first ones in generation
+    order are trained, surplus groups are discarded. Every round's generation counts in the budget, so the budget
+    kind must count generation."""
 
     enabled: bool = False
-    # prompts generated per round (verl's data.gen_batch_size); 0 = train.prompts_per_step. The first round is the
-    # sampler's batch of prompts_per_step plus the rest from the run's second seeded prompt stream
+    # prompts generated per round (verl's data.gen_batch_size); 0 = train.prompts_per_step. Every round is the next
+    # batch of the run's seeded prompt stream, which replaces TRL's sampler while dynamic sampling is on
     prompts_per_round: int = 0
     # at most this many rounds per step (verl's filter_groups.max_num_gen_batches); when they run out the step is
     # completed with zero-variance groups, logged as dynamic_sampling/rounds_exhausted = 1
@@ -189,11 +283,20 @@ class TrainConfig:
     # (budget phase old_logp) and the budget is checked only at the end of a generation batch
     ppo_epochs: int = 1
     aggregation: str = "token-mean"  # DAPO; seq-mean-token-mean = GRPO; seq-mean-token-sum-norm = Dr.GRPO
+    # how the aggregation's denominator spans the optimizer step. 0 = one mean over the rollouts of every training
+    # process (the method's denominator summed over the processes: DAPO's token-mean over the batch one step
+    # optimises, verl's new engine). N > 0 = verl's legacy actor with use_dynamic_bsz and ppo_max_token_len_per_gpu x
+    # ulysses sp = N: each process's mini-batch rows are split into micro-batches of at most N prompt + completion
+    # tokens (verl's Karmarkar-Karp balance), the aggregation is taken over each micro-batch's own (selected) tokens
+    # and weighted by its rows / the process's rows (harness/train/micro_batches.py); under token-mean a long
+    # rollout's tokens then weigh less. Must exceed max_completion_length (verl: fit max prompt + max response)
+    loss_micro_batch_tokens: int = 0
     scale_rewards: str = "group"  # group = GRPO std normalisation; none = Dr.GRPO
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     warmup_steps: int = 0
     reward: str = "numeric"  # numeric (exact match of the final number) | math_verify
+    reward_values: RewardValuesConfig = field(default_factory=RewardValuesConfig)  # correct / wrong reward
     stats_chunk_size: int = 256  # positions per chunk of the LM head when computing token statistics
     forward_chunk_rows: int = 16  # rows per forward chunk; rows sorted by length, each chunk trimmed to its longest
     # pack each forward chunk's real tokens into one sequence (no padding computed in projections and MLPs;
@@ -211,6 +314,12 @@ class TrainConfig:
     save_every_steps: int = 0  # resumable trainer checkpoints (weights, optimizer, RNG, budget); 0 = none
     max_nonfinite_steps: int = 3  # steps with a NaN/inf loss are skipped; one more than this stops the run
     threads: int = 1  # torch CPU threads per job
+    # the dtype of the trainable policy's weights, gradients and AdamW state (the master weights). model.dtype is
+    # the dtype forward passes compute in (autocast under accelerate's --mixed_precision, bf16=True in TRL), of the
+    # reference model, the rollout engine and the budget checkpoints. float32 (verl's FSDP actor, DeepSpeed's bf16
+    # mode): an update of lr 1e-6 moves every weight. bfloat16 (pure bf16, needs model.dtype=bfloat16): a weight
+    # moves only if |w| < ~256 |update|, so at lr 1e-6 ~2% of N(0, 0.02) weights and no norm gain ever move
+    master_dtype: str = "float32"
     # how the train job starts (harness/ops/resources.py builds the command): `python` = one process (CPU or one
     # GPU); `accelerate` = `accelerate launch` with one process per GPU of resources.train (minus vLLM server GPUs)
     launcher: str = "python"
@@ -233,6 +342,7 @@ class TrainConfig:
     CHOICES = {"aggregation": AGGREGATIONS,
                "scale_rewards": ("group", "none"), "reward": SCORERS,
                "launcher": ("python", "accelerate"), "distributed": ("ddp", "deepspeed_zero3", "fsdp"),
+               "master_dtype": ("float32", "bfloat16"),
                "vllm_mode": ("colocate", "server"), "vllm_device": ("cuda", "cpu"), "kl_estimator": KL_ESTIMATORS}
     RANGES = {"learning_rate": (0.0, 1.0), "prompts_per_step": (1, None), "num_generations": (2, None),
               "mini_batches": (1, None), "ppo_epochs": (1, None),
@@ -240,12 +350,16 @@ class TrainConfig:
               "clip_eps_low": (0.0, 1.0), "clip_eps_high": (0.0, 10.0), "beta": (0.0, None),
               "max_grad_norm": (0.0, None), "weight_decay": (0.0, None), "warmup_steps": (0, None),
               "stats_chunk_size": (1, None), "threads": (1, None), "forward_chunk_rows": (1, None),
-              "backward_chunk_rows": (0, None),
+              "backward_chunk_rows": (0, None), "loss_micro_batch_tokens": (0, None),
               "save_every_steps": (0, None), "max_nonfinite_steps": (0, None),
               "vllm_gpu_memory_utilization": (0.05, 1.0), "vllm_tensor_parallel_size": (1, None),
               "vllm_max_model_length": (0, None)}
 
     def __post_init__(self):
+        if 0 < self.loss_micro_batch_tokens <= self.max_completion_length:
+            raise ValueError(f"key 'train.loss_micro_batch_tokens': {self.loss_micro_batch_tokens} must be 0 or larger "
+                             f"than train.max_completion_length={self.max_completion_length} (a micro-batch holds at "
+                             "least one row: prompt + completion; verl asserts max prompt + max response fit)")
         if self.overlong.buffer > 0 and self.overlong.buffer >= self.max_completion_length:
             raise ValueError(f"key 'train.overlong.buffer': {self.overlong.buffer} must be smaller than "
                              f"train.max_completion_length={self.max_completion_length} (the buffer is the last part "
@@ -291,6 +405,9 @@ class EvalConfig:
     greedy: bool = True
     batch_size: int = 64
     seed: int = 1234
+    # stop strings of every generation (the model's EOS always stops too); null = the prompt template's
+    # (harness/data/prompts.py STOP_SEQUENCES); [] = EOS and max_gen_toks only (KTAE's Dr.GRPO evaluation)
+    stop: list[str] | None = None
     scoring_timeout_s: float = 5.0
     threads: int = 1  # torch CPU threads per eval job
     # hf backend: lm-eval's generate calls decoded by harness/model/decode.py (the same tokens, less Python per
@@ -554,6 +671,9 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
             per_device_rollouts(train, processes)
         except ValueError as exc:  # prompts_per_step is not a multiple of the processes
             problems.append(str(exc))
+    if train.master_dtype != "float32" and train.master_dtype != preset.model.dtype:
+        problems.append(f"train.master_dtype={train.master_dtype} (pure {train.master_dtype} training) needs "
+                        f"model.dtype={train.master_dtype}, got model.dtype={preset.model.dtype}")
     if train.clip_ratio_c is not None and not train.clip_ratio_c > 1:
         problems.append(f"train.clip_ratio_c={train.clip_ratio_c} must be > 1 (or null = no dual-clip)")
     problems += dynamic_sampling_problems(train, max(processes, 1))
@@ -586,8 +706,8 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
 
 def dynamic_sampling_problems(train: TrainConfig, processes: int) -> list[str]:
     """What is wrong with ``train.dynamic_sampling`` for ``processes`` training processes (checked at start and by
-    the trainer): the budget must count every round's generation, and each round must hold at least the sampler's
-    batch and split over the processes in whole prompt groups."""
+    the trainer): the budget must count every round's generation, and each round must hold at least one step's
+    prompts and split over the processes in whole prompt groups."""
     config = train.dynamic_sampling
     if not config.enabled:
         return []
@@ -599,7 +719,7 @@ def dynamic_sampling_problems(train: TrainConfig, processes: int) -> list[str]:
     round_prompts = config.prompts_per_round or train.prompts_per_step
     if round_prompts < train.prompts_per_step:
         problems.append(f"train.dynamic_sampling.prompts_per_round={config.prompts_per_round} must be 0 or at least "
-                        f"train.prompts_per_step={train.prompts_per_step} (the first round holds the sampler's batch)")
+                        f"train.prompts_per_step={train.prompts_per_step} (a round holds at least one step's prompts)")
     elif round_prompts % processes:
         problems.append(f"train.dynamic_sampling.prompts_per_round={round_prompts} must be a multiple of the "
                         f"{processes} training processes (each process generates whole prompt groups)")

@@ -13,11 +13,19 @@ from harness.data.synthetic import generate_split
 
 def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
     """Write the sweep's data folder with its SHA256SUMS: ``train.jsonl`` (synthetic problems, rows of a shipped
-    JSONL after its checksum is verified, or both shuffled together for ``mixed``) and, with synthetic data,
-    the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
+    JSONL after its checksum is verified, or both shuffled together for ``mixed``; for ``hub`` the rows of a hub
+    dataset at its pinned commit, with ``source.json`` saying where they came from: harness/data/hub.py) and, with
+    synthetic data, the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
     data = resolved.preset.data
     out = paths.data_dir
     out.mkdir(parents=True, exist_ok=True)
+    if data.kind == "hub":  # streamed from the source files to train.jsonl: never all rows in memory
+        from harness.data.hub import prepare_hub_train
+
+        train, source = prepare_hub_train(data.hub, data.max_train_rows, out)
+        write_sha256sums(out, [train, source])
+        return {"train": str(train), "source": str(source)}
+    (out / "source.json").unlink(missing_ok=True)  # a hub source of an earlier configuration is not this data's
     train_rows, written = [], {}
     if data.kind in ("synthetic", "mixed"):
         train_rows += generate_split(data.synthetic, "train")

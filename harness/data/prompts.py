@@ -42,3 +42,8 @@ STOP_SEQUENCES: dict[str, tuple[str, ...]] = {
     "plain_8020": ("\nUser:",),
     "chat": (),  # the model's own EOS / end-of-turn token
 }
+
+
+def stop_sequences(template: str, stop: list[str] | None) -> tuple[str, ...]:
+    """The stop strings of an evaluation: ``eval.stop`` when set (``[]``: only the model's EOS), else the template's."""
+    return tuple(stop) if stop is not None else STOP_SEQUENCES.get(template, ())

@@ -332,7 +332,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     from lm_eval.tasks import TaskManager
     from transformers import AutoConfig, AutoTokenizer
 
-    from harness.data.prompts import STOP_SEQUENCES, render_prompt
+    from harness.data.prompts import render_prompt, stop_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
@@ -340,7 +340,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
              "scorer": bench.scorer, "scoring_timeout_s": eval_cfg.scoring_timeout_s} for r in rows]
     task_dir = out_dir / "lm_eval"
     docs_file = write_jsonl_atomic(task_dir / "docs.jsonl", docs)
-    stops = STOP_SEQUENCES.get(prompt_template, ())
+    stops = stop_sequences(prompt_template, eval_cfg.stop)
     modes = {"sampled": eval_cfg.k, **({"greedy": 1} if eval_cfg.greedy else {})}
     task_files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
                                         generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}

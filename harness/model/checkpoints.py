@@ -8,6 +8,7 @@ tokenizer.json, ...), so ``from_pretrained``, TRL, lm-eval and vLLM load it like
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import torch
@@ -29,11 +30,20 @@ def load_policy(model_dir: str | Path, dtype: str = "float32", revision: str | N
 
 
 
-def save_policy(model, tokenizer, out_dir: Path, state_dict: dict | None = None) -> None:
-    """``state_dict``: the full weights when the model's own are sharded (gathered by the caller)."""
+def save_policy(model, tokenizer, out_dir: Path, state_dict: dict | None = None, dtype: str | None = None) -> None:
+    """``state_dict``: the full weights when the model's own are sharded (gathered by the caller). ``dtype`` (a
+    ``model.dtype`` name): the floating-point weights are written in it, and config.json says so (a policy trained
+    with float32 master weights is saved in the dtype it is evaluated in); None: as they are."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if dtype is not None:
+        weights = model.state_dict() if state_dict is None else state_dict
+        state_dict = {k: v.to(TORCH_DTYPES[dtype]) if v.is_floating_point() else v for k, v in weights.items()}
     model.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    config_file = out_dir / "config.json"
+    config = json.loads(config_file.read_text()) if dtype is not None else {}
+    if dtype is not None and config.get("dtype") != dtype:  # save_pretrained wrote the in-memory weights' dtype
+        config_file.write_text(json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n")
 
 
 def convert_gguf(cfg: ModelConfig, out_dir: Path) -> dict:

@@ -9,7 +9,8 @@ Input (B rollouts, T padded completion positions): ``completion_ids`` int[B][T],
 
 Output: ``advantages`` float[B][T], ``weights`` float[B][T], ``keep`` 0/1[B], ``denominator``, ``metrics``, and
 the policy loss of the batch exactly as the trainer computes it (``harness.train.hooks.loss_inputs_for`` and
-``harness.train.loss.loss_of_rows``: sum(w l) / D plus the KL term): ``loss``, ``clip_fraction`` (share of
+``harness.train.loss.loss_of_rows``: sum(w l) / D plus the KL term, as one process with the one mean over the
+batch, ``train.loss_micro_batch_tokens`` = 0, computes it): ``loss``, ``clip_fraction`` (share of
 completion tokens whose gradient a clip removes: low, high or dual) and ``loss_metrics``.
 """
 

@@ -131,19 +131,37 @@ def _estimate_hours(job: JobResources) -> tuple[float, str]:
     return job.runtime / 60.0, "resources runtime limit (upper bound)"
 
 
+def train_wall_seconds(preset: PresetConfig) -> float | None:
+    """Wall seconds of one train job's budget when it is counted in ``accel_seconds``, else None.
+
+    ``accel_seconds`` are device-seconds: every training process's step seconds, summed over the processes
+    (harness/train/budget.py), so a job of P training processes spends its amount in amount / P seconds of wall
+    time; the GPUs of a vLLM server are held that long too but not counted."""
+    budget = preset.train.budget
+    if budget.kind != "accel_seconds":
+        return None
+    return budget.amount / max(training_processes(preset), 1)
+
+
 def plan(resolved: Resolved) -> list[PlanRow]:
-    """Cost of every rule: train from the budget (``accel_seconds`` are measured per GPU, so a train job costs
-    amount x GPUs), everything else from ``resources.<rule>.estimate_minutes`` (or its runtime limit)."""
+    """Cost of every rule: train from an ``accel_seconds`` budget (device-seconds summed over the training GPUs:
+    a job holds its GPUs for amount / training processes seconds), everything else, and a train budget in other
+    units, from ``resources.<rule>.estimate_minutes`` (or its runtime limit)."""
     preset, counts = resolved.preset, job_counts(resolved)
-    budget, res = preset.train.budget, preset.resources
+    res = preset.resources
+    wall = train_wall_seconds(preset)
     rows = []
     for rule, section in RULE_RESOURCES.items():
         if rule not in counts:
             continue
         job = getattr(res, section)
         hours, basis = _estimate_hours(job)
-        if rule == "train" and budget.kind == "accel_seconds":
-            hours, basis = budget.amount / 3600.0, f"budget {budget.amount:g} accel_seconds per GPU"
+        budget = preset.train.budget
+        if rule == "train" and wall is not None:
+            hours, basis = wall / 3600.0, (f"budget {budget.amount:g} accel_seconds (device-seconds) "
+                                           f"over {training_processes(preset)} training process(es)")
+        elif rule == "train":  # a budget in samples, tokens, steps or FLOPs takes a time only a run measures
+            basis += f"; budget {budget.amount:g} {budget.kind}, time not known before a run"
         rows.append(PlanRow(rule, counts[rule], job.gpus, hours, basis))
     return rows
 
@@ -151,14 +169,16 @@ def plan(resolved: Resolved) -> list[PlanRow]:
 def plan_warnings(resolved: Resolved) -> list[str]:
     """Settings that would make jobs fail on a cluster, found before submitting anything."""
     preset = resolved.preset
-    budget, train_job = preset.train.budget, preset.resources.train
+    train_job = preset.resources.train
+    wall = train_wall_seconds(preset)
     warnings = []
-    if budget.kind == "accel_seconds" and train_job.runtime * 60 < budget.amount:
+    if wall is not None and train_job.runtime * 60 < wall:
         resume = ("it resumes from its last trainer checkpoint when rerun (train.save_every_steps="
                   f"{preset.train.save_every_steps})" if preset.train.save_every_steps else
                   "set train.save_every_steps > 0 so that a rerun resumes instead of starting over")
-        warnings.append(f"a train job needs at least {budget.amount / 60:.0f} min of accelerator time but "
-                        f"resources.train.runtime is {train_job.runtime} min: SLURM stops it early; {resume}")
+        warnings.append(f"a train job needs at least {wall / 60:.0f} min of wall time (its accel_seconds budget over "
+                        f"{training_processes(preset)} training GPUs) but resources.train.runtime is "
+                        f"{train_job.runtime} min: SLURM stops it early; {resume}")
     if any(getattr(preset.resources, s).gpus for s in ("data", "warmstart", "report")):
         warnings.append("data, warmstart and report are CPU jobs; their resources ask for GPUs")
     return warnings

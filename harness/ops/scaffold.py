@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights, aggregation_weights
+from methods.base import (
+    Method,
+    RolloutBatch,
+    StepContext,
+    TokenStats,
+    TokenWeights,
+    aggregation_row_denominators,
+    aggregation_weights,
+)
 from methods.entropy import quantile_entropy_mask
 from methods.registry import register_method
 
@@ -51,8 +59,11 @@ class {cls}(Method):
         selected, _ = quantile_entropy_mask(stats.entropy.detach(), mask, self.config.rho)
         selected = selected.to(torch.float32)
         weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
+        # each rollout's part of the denominator: the trainer sums them over processes or micro-batches
+        parts = aggregation_row_denominators(selected, ctx.aggregation, ctx.max_completion_length)
         n = int(mask.sum())
-        return TokenWeights(weights, denominator, {{"tokens_selected_frac": float(selected.sum()) / max(n, 1)}})
+        return TokenWeights(weights, denominator, {{"tokens_selected_frac": float(selected.sum()) / max(n, 1)}},
+                            row_denominators=parts)
 '''
 
 CONFIG = """# {title}: overrides of methods/{name}.py Config (its defaults are the paper's).

@@ -1,8 +1,11 @@
 """How close a paper sweep's protocol is to the paper's, element by element (configs/fidelity/<sweep>.yaml).
 
-A fidelity file lists, for each protocol element (model, data, template, batch, mini-batches, lr, clip, dual-clip,
-KL, dynamic sampling, overlong shaping, max length, eval protocol, budget), what the paper did and which config
-keys hold ours (`ours`, plus every key of `expect`). Where the paper's value is expressible in our config
+A fidelity file lists, for each protocol element (model, data, template, batch, mini-batches, lr, precision, reward,
+loss aggregation, clip, dual-clip, KL, dynamic sampling, overlong shaping, max length, eval protocol, eval top-p,
+stop strings and grader, budget), what the paper did and which config keys hold ours (`ours`, plus every key of
+`expect`; ``derived.<name>`` names a value computed from several keys: precision, eval_stop, eval_grader, budget in
+the paper's units). An `expect` value may be one the harness cannot take (the paper's grader): the row is then a
+computed departure. Where the paper's value is expressible in our config
 (`expect: {dotted.key: value}`), the status is computed from the resolved sweep, so a preset edited later cannot
 keep an outdated "match"; otherwise the file states `status` (match, departure, or unknown: the paper does not
 say) with a `note`. The report shows the table at the top of the sweep's page: a sweep is a reproduction only when
@@ -18,12 +21,19 @@ from typing import Any
 
 import yaml
 
+from harness.config.launch import precision, training_processes
 from harness.config.schema import ConfigError, Resolved
+from harness.data.prompts import stop_sequences
 
-REQUIRED_ELEMENTS = ("model", "data", "template", "batch", "mini_batches", "lr", "clip", "dual_clip", "kl",
-                     "dynamic_sampling", "overlong", "max_length", "eval", "budget")
+REQUIRED_ELEMENTS = ("model", "data", "template", "batch", "mini_batches", "lr", "precision", "reward", "aggregation",
+                     "clip", "dual_clip", "kl", "dynamic_sampling", "overlong", "max_length", "eval", "eval_top_p",
+                     "eval_stop", "eval_grader", "budget")
+# elements whose status is always computed from the resolved config: a file may declare them unknown (the paper
+# does not say) or a departure it cannot express as a value, never a match
+COMPUTED_ELEMENTS = ("precision", "reward", "aggregation", "eval_top_p", "eval_stop", "eval_grader", "budget")
 DECLARED_STATUSES = ("match", "departure", "unknown")
 ELEMENT_KEYS = {"paper", "ours", "expect", "status", "note"}
+DERIVED = "derived."  # `derived.<name>`: a value computed from several config keys (``derived_values``)
 
 
 @dataclass(frozen=True)
@@ -55,8 +65,47 @@ class Fidelity:
                 f"elements depart from the paper or are unknown ({', '.join(r.element for r in self.departures)})")
 
 
+def budget_in_paper_units(preset) -> str:
+    """A budget as its amount and as what it is in the paper's terms: rounds or batches of rollouts, or wall time."""
+    train, budget = preset.train, preset.train.budget
+    group = train.num_generations
+    if budget.kind == "samples":
+        ds = train.dynamic_sampling
+        prompts = (ds.prompts_per_round or train.prompts_per_step) if ds.enabled else train.prompts_per_step
+        return (f"{budget.amount:,.0f} rollouts generated = {budget.amount / (prompts * group):g} generation "
+                f"{'rounds' if ds.enabled else 'batches'} of {prompts} prompts x {group}")
+    if budget.kind == "steps":
+        updates = train.mini_batches * train.ppo_epochs
+        return (f"{budget.amount:,.0f} optimizer updates = {budget.amount / updates:g} generation batches of "
+                f"{train.prompts_per_step} prompts x {group}")
+    if budget.kind == "accel_seconds":
+        processes = max(training_processes(preset), 1)
+        return (f"{budget.amount:,.0f} device-seconds = {budget.amount / processes / 3600:.1f} h on {processes} "
+                "training device(s); steps and rollouts: what the run reaches")
+    return f"{budget.amount:g} {budget.kind}"
+
+
+def derived_values(resolved: Resolved) -> dict[str, Any]:
+    """Protocol facts that no single config key holds, computed from the resolved preset (``derived.<name>``)."""
+    preset = resolved.preset
+    return {
+        "precision": precision(preset),
+        "eval_stop": list(stop_sequences(preset.prompt_template, preset.eval.stop)),
+        "eval_grader": sorted({bench.scorer for bench in preset.eval.benchmarks.values()}),
+        "budget": budget_in_paper_units(preset),
+    }
+
+
 def config_value(resolved: Resolved, dotted: str, where: str) -> Any:
-    """The resolved preset's value at `dotted` (e.g. 'train.learning_rate'); a clear error for an unknown key."""
+    """The resolved preset's value at `dotted` (e.g. 'train.learning_rate', or 'derived.precision'); a clear error
+    for an unknown key."""
+    if dotted.startswith(DERIVED):
+        derived = derived_values(resolved)
+        name = dotted.removeprefix(DERIVED)
+        if name not in derived:
+            raise ConfigError(f"{where}: {dotted!r} is not a derived value; known: "
+                              f"{', '.join(DERIVED + n for n in derived)}")
+        return derived[name]
     node: Any = resolved.to_dict()["preset"]
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -89,6 +138,9 @@ def _row(element: str, spec: dict, resolved: Resolved, where: str) -> FidelityRo
         if status not in DECLARED_STATUSES:
             raise ConfigError(f"{where}.status: {status!r}; allowed: {', '.join(DECLARED_STATUSES)} "
                               "(or give `expect` to compute it)")
+        if element in COMPUTED_ELEMENTS and (status == "match" or not spec.get("ours")):
+            raise ConfigError(f"{where}: {element!r} is computed from the config: give `expect` (the paper's "
+                              "values), or `ours` (the keys shown) with status unknown or departure and a note")
     if status != "match" and not spec.get("note") and not expect:
         raise ConfigError(f"{where}.note: a {status} needs a note saying what differs or is not known")
     ours = "; ".join(f"{k}={config_value(resolved, k, f'{where}.ours')}" for k in keys) or "-"

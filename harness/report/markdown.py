@@ -13,7 +13,7 @@ from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
 from harness.report.reported import Reported
-from harness.report.summary import calibration_pairs, claim_verdicts, detectability
+from harness.report.summary import calibration_pairs, claim_verdicts, detectability, training_reached
 from harness.report.tables import (
     FLOOR_LEGEND,
     FLOOR_MARK,
@@ -129,7 +129,7 @@ def claims_lines(evidence: Evidence, reported: Reported | None) -> list[str]:
     judged = claim_verdicts(evidence, reported)
     parts = [f"## Claims ({evidence.final_ckpt})", "", claims_note(judged, reported), ""]
     if judged:
-        parts += [markdown_table(*claims_table(judged)), ""]
+        parts += [markdown_table(*claims_table(judged, training_reached(evidence), reported)), ""]
     rows = detectability(evidence)
     if rows:
         parts += ["### Detectable effects (paired, 80% power)", "",

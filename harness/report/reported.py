@@ -10,7 +10,20 @@ from pathlib import Path
 from harness.config.schema import ConfigError
 from harness.report.verdicts import Claim, parse_claims
 
-REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers", "claims"}
+REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers", "claims", "training"}
+TRAINING_KEYS = {"steps", "rollouts", "tokens", "where"}
+
+
+@dataclass(frozen=True)
+class PaperTraining:
+    """How long the paper's reported run trained (None: not public): optimizer steps (verl's training steps: one
+    per generation batch that was trained, each of several mini-batch updates), rollouts generated, response tokens
+    generated; ``where``: the source and the arithmetic. The report sets what each run reached beside it."""
+
+    steps: float | None
+    rollouts: float | None
+    tokens: float | None
+    where: str
 
 
 @dataclass
@@ -24,6 +37,7 @@ class Reported:
     differences: list[str]
     numbers: dict[str, dict[str, float]]
     claims: list[Claim] = field(default_factory=list)
+    training: PaperTraining | None = None
 
     def get(self, label: str, bench: str) -> float | None:
         return self.numbers.get(label, {}).get(bench)
@@ -43,6 +57,20 @@ def _percentages(path: Path, numbers) -> dict[str, dict[str, float]]:
                                   "[0, 100]")
         clean[str(label)] = {str(b): float(v) for b, v in per_bench.items()}
     return clean
+
+
+def _training(path: Path, raw) -> PaperTraining | None:
+    """``training``: {steps, rollouts, tokens: a number >= 0 or null (not public), where: text}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - TRAINING_KEYS or not isinstance(raw.get("where"), str):
+        raise ConfigError(f"{path}: key 'training' must map {sorted(TRAINING_KEYS - {'where'})} (a number or null) "
+                          "and 'where' (the source and the arithmetic)")
+    for key in ("steps", "rollouts", "tokens"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise ConfigError(f"{path}: key 'training.{key}': {value!r} is not a number >= 0 (or null: not public)")
+    return PaperTraining(raw.get("steps"), raw.get("rollouts"), raw.get("tokens"), raw["where"])
 
 
 def load_reported(path: Path) -> Reported | None:
@@ -65,4 +93,5 @@ def load_reported(path: Path) -> Reported | None:
     if isinstance(differences, str) or not all(isinstance(d, str) for d in differences):
         raise ConfigError(f"{path}: key 'differences' must be a list of strings")
     return Reported(path, str(raw.get("source", "")), str(raw.get("metric", "")), str(raw.get("protocol", "")),
-                    list(differences), numbers, parse_claims(path, raw.get("claims")))
+                    list(differences), numbers, parse_claims(path, raw.get("claims")),
+                    _training(path, raw.get("training")))

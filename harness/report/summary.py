@@ -147,6 +147,26 @@ def claim_verdicts(evidence: Evidence, reported: Reported | None) -> list[verdic
     return verdicts.judge_claims(claims, evidence.scores, evidence.benches, evidence.final_ckpt, evidence.avg_metric)
 
 
+def training_reached(evidence: Evidence) -> dict[str, dict[str, float]]:
+    """Per label, what its runs trained by the full-budget checkpoint, averaged over seeds: generation batches
+    (verl's training steps), optimizer updates, rollouts generated and response tokens generated; read from each
+    run.json's checkpoint spend. Labels without a trained run (released checkpoints) are absent."""
+    out: dict[str, dict[str, float]] = {}
+    for label in evidence.labels:
+        rows = []
+        for (lab, _), run in evidence.runs.items():
+            spend = (run.get("budget") or {}).get("checkpoint_spend", {}).get(evidence.final_ckpt)
+            if lab != label or not spend:
+                continue
+            train = run["config"]["preset"]["train"]
+            updates = spend["budget/steps"]
+            rows.append({"batches": updates / (train["mini_batches"] * train["ppo_epochs"]), "updates": updates,
+                         "rollouts": spend["budget/samples_total"], "tokens": spend["tokens/generated_total"]})
+        if rows:
+            out[label] = {key: float(np.mean([r[key] for r in rows])) for key in rows[0]}
+    return out
+
+
 def detectability(evidence: Evidence) -> list[dict]:
     """Per label against the baseline, per benchmark and the mean: variance components of the paired difference
     and the effect this sweep's seeds x problems detect at 80% power (``verdicts.detectability_rows``)."""

@@ -140,20 +140,56 @@ def _points(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def claims_table(judged: list[Verdict]) -> Table:
+def _count(value: float | None) -> str:
+    """A training length for a table cell: 1,966,080 -> 1.97M; None -> 'not public'."""
+    if value is None:
+        return "not public"
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def trained_cell(reached: dict[str, float] | None) -> str:
+    """What a label's runs trained by the full budget (``summary.training_reached``), seed mean."""
+    if reached is None:
+        return "not trained here"
+    return (f"{_count(reached['batches'])} batches ({_count(reached['updates'])} updates), "
+            f"{_count(reached['rollouts'])} rollouts, {_count(reached['tokens'])} tokens")
+
+
+def paper_training_cell(reported: Reported | None) -> str:
+    """How long the paper's run trained (``training`` of the reported-numbers file)."""
+    if reported is None:
+        return "no paper (stand-in claims)"
+    paper = reported.training
+    if paper is None:
+        return f"not stated in {reported.path.name}"
+    return (f"{_count(paper.steps)} batches, {_count(paper.rollouts)} rollouts, {_count(paper.tokens)} tokens "
+            f"({paper.where})")
+
+
+def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | None = None,
+                 reported: Reported | None = None) -> Table:
     """One row per claim (``verdicts.Verdict``): the claim, where the paper says it, our paired difference, the
     detectable effect, the verdict and why, and the verdict under Holm's correction with its adjusted p-values; the
-    difference carries ``FLOOR_MARK`` when its interval rests on the residual floor."""
+    difference carries ``FLOOR_MARK`` when its interval rests on the residual floor. Beside the verdict, how long
+    the compared runs trained (``reached``: label -> ``summary.training_reached``) against the paper's run
+    (``reported.training``): a verdict at a fraction of the paper's training is not a verdict on the paper's run."""
     header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict", "why", "Holm verdict",
-              "Holm p (reproduce, contradict)"]
+              "Holm p (reproduce, contradict)", "trained here (method; baseline)", "paper's run"]
     body = []
+    reached = reached or {}
     for v in judged:
         iv = v.interval
         difference = "" if iv is None else (f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} "
                                             f"[{pct(iv.low)}, {pct(iv.high)}]{FLOOR_MARK if iv.rests_on_floor else ''}")
         detectable = "" if v.detectable is None else pct(v.detectable)
         holm_p = "" if iv is None else f"{v.holm_p_reproduce:.3g}, {v.holm_p_contradict:.3g}"
-        body.append([v.claim.describe(), v.claim.where, difference, detectable, v.verdict, v.reason, v.holm, holm_p])
+        trained = "; ".join(f"{label}: {trained_cell(reached.get(label))}" for label in (v.claim.method,
+                                                                                          v.claim.baseline))
+        body.append([v.claim.describe(), v.claim.where, difference, detectable, v.verdict, v.reason, v.holm, holm_p,
+                     trained, paper_training_cell(reported)])
     return header, body
 
 

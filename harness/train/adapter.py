@@ -8,11 +8,14 @@ harness/model/decode.py, the same rollouts with less Python per step, unless ``t
   advantages from the raw rewards and runs ``harness.train.hooks.prepare_batch`` (method hooks ``on_rollouts`` and
   ``before_forward``). Dropped rollouts and truncated columns are removed from the batch here, *before* any
   forward pass, so what a method skips is really skipped. With ``train.dynamic_sampling`` TRL generates and scores
-  in rounds until the step holds its groups with signal (``harness.train.dynamic_sampling``).
+  rounds of the prompt stream until all processes together hold the step's groups with signal, which then move to
+  the processes that train them (``harness.train.dynamic_sampling``).
 - ``_compute_loss``: token statistics from the last hidden states (``harness.train.token_statistics``), computed
   by row chunks (``harness.train.row_chunks``), the method's weights and denominator
   (``harness.train.hooks.weigh_tokens``), and the loss ``sum(w l) / D`` (+ beta KL over all tokens, or with the
   method's KL weights: ``hooks.kl_weights_of``) of ``harness.train.loss``, the pure module that holds the arithmetic.
+  D is the denominator of every process's rollouts of the step (all-reduced), or verl's legacy per-micro-batch
+  means replace it (``train.loss_micro_batch_tokens``, ``harness.train.micro_batches``): ``_normalised``.
 
 TRL computes no old-policy or reference log-probs itself (TRL's own beta = 0; its old-policy forward is switched
 off while it generates). With one optimizer step per generation batch (the default) pi_old = pi_theta and the
@@ -44,6 +47,7 @@ from trl import GRPOConfig, GRPOTrainer
 from harness.config.launch import per_device_rollouts, require_vllm_cpu_build
 from harness.config.schema import ConfigError, PresetConfig, dynamic_sampling_problems
 from harness.data.scoring import score_batch
+from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
 from harness.train.budget import (
     BudgetLedger,
@@ -54,8 +58,18 @@ from harness.train.budget import (
     padded_forward_flops,
 )
 from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, PromptStream
-from harness.train.hooks import PreparedBatch, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
+from harness.train.hooks import (
+    PreparedBatch,
+    denominator_parts,
+    loss_inputs_for,
+    new_rollout_batch,
+    prepare_batch,
+    weigh_tokens,
+    with_global_denominators,
+    with_row_scales,
+)
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
+from harness.train.micro_batches import balanced_micro_batches, micro_batch_count, micro_batch_row_scales
 from harness.train.row_chunks import (
     RowChunk,
     packed_rows,
@@ -78,11 +92,13 @@ class NonFiniteLossError(RuntimeError):
     """More steps with a NaN/inf loss than ``train.max_nonfinite_steps`` allows."""
 
 
-def reward_function(scorer: str, timeout_s: float):
-    """A TRL reward function: 1.0 when the completion's final answer equals the row's ``answer``, else 0.0."""
+def reward_function(scorer: str, timeout_s: float, correct: float = 1.0, wrong: float = 0.0):
+    """A TRL reward function: ``correct`` when the completion's final answer equals the row's ``answer``, else
+    ``wrong`` (``train.reward_values``: 1/0, or verl's math_dapo scale +1/-1)."""
 
     def correctness(prompts, completions, answer, **kwargs) -> list[float]:
-        return [float(s.correct) for s in score_batch(list(completions), list(answer), scorer, timeout_s)]
+        return [correct if s.correct else wrong
+                for s in score_batch(list(completions), list(answer), scorer, timeout_s)]
 
     correctness.__name__ = f"correct_{scorer}"
     return correctness
@@ -156,7 +172,9 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         seed=seed,
         data_seed=seed,
         use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available() and preset.model.dtype == "bfloat16",
+        # forward passes in model.dtype: bf16 autocast (on CPU too) over the train.master_dtype weights
+        bf16=preset.model.dtype == "bfloat16",
+        fp16=torch.cuda.is_available() and preset.model.dtype == "float16",
         log_completions=False,
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -166,11 +184,11 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     )
 
 
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the policy for the reference. GRPOTrainer replaces ``model.forward`` by a closure over the
-    original model's forward; a deep copy would keep calling the policy through it, so the copy gets its class's
-    own forward back."""
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
+def frozen_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of the policy in ``dtype`` (model.dtype: the reference needs no master weights) for the
+    reference. GRPOTrainer replaces ``model.forward`` by a closure over the original model's forward; a deep copy
+    would keep calling the policy through it, so the copy gets its class's own forward back."""
+    reference = copy.deepcopy(model).eval().requires_grad_(False).to(dtype)
     reference.__dict__.pop("forward", None)
     return reference
 
@@ -266,11 +284,16 @@ class TargetedGRPOTrainer(GRPOTrainer):
         problems = dynamic_sampling_problems(preset.train, self.accelerator.num_processes)
         if problems:
             raise ConfigError("; ".join(problems))
-        # the stream of prompts for dynamic sampling's extra rounds; its cursor is saved with the ledger
+        # the one stream of prompts of dynamic sampling's rounds; its cursor is saved with the ledger
         self.prompt_stream = PromptStream(len(self.train_dataset), run_seed)
+        round_prompts = preset.train.dynamic_sampling.prompts_per_round or preset.train.prompts_per_step
+        if preset.train.dynamic_sampling.enabled and round_prompts > len(self.train_dataset):
+            raise ConfigError(f"a dynamic sampling round of {round_prompts} prompts exceeds the "
+                              f"{len(self.train_dataset)} training prompts (train.dynamic_sampling.prompts_per_round)")
+        self._exchange_group = None  # dynamic sampling's CPU (gloo) process group, made at its first exchange
         self.ref_policy = None
         if preset.train.beta > 0 or "ref_logp" in method.needs:
-            self.ref_policy = frozen_copy(self.accelerator.unwrap_model(self.model))
+            self.ref_policy = frozen_copy(self.accelerator.unwrap_model(self.model), TORCH_DTYPES[preset.model.dtype])
 
     # --- context -------------------------------------------------------------------------------------------------
 
@@ -367,8 +390,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
             with self._trl_sees_one_step_per_generation():
                 return super()._generate_and_score_completions(inputs)
         train = self.preset.train
-        if train.dynamic_sampling.enabled:
-            out, rewards = self._dynamically_sampled(inputs)
+        if train.dynamic_sampling.enabled:  # the sampler's batch is not generated: every round reads the stream
+            out, rewards = self._dynamically_sampled()
         else:
             out, rewards_all, _ = self._generate_round(inputs)
             n_local = out["completion_ids"].shape[0]
@@ -399,36 +422,72 @@ class TargetedGRPOTrainer(GRPOTrainer):
             reduced[f"{ROLLOUT_KEY_PREFIX}ref_logp"] = self._reference_logp(reduced, positions)
         return reduced
 
-    def _dynamically_sampled(self, inputs: list[dict]) -> tuple[dict, torch.Tensor]:
-        """DAPO's dynamic sampling (``harness.train.dynamic_sampling``): rounds of generation until every process
-        holds its share of prompts_per_step groups with signal, or ``max_generation_rounds``. Returns the trained
-        groups' rollouts (prompt/completion ids and masks) and summed rewards, and logs the step's counts."""
+    def _dynamically_sampled(self) -> tuple[dict, torch.Tensor]:
+        """DAPO's dynamic sampling (``harness.train.dynamic_sampling``): rounds of ``prompts_per_round`` prompts of
+        the stream until the groups with signal of all processes reach prompts_per_step, or ``max_generation_rounds``
+        rounds; then the trained groups move to the processes that train them (``_exchange_groups``). Returns this
+        process's trained groups' rollouts (prompt/completion ids and masks) and summed rewards, and logs the step's
+        counts."""
         train = self.preset.train
-        config, processes = train.dynamic_sampling, self.accelerator.num_processes
-        collector = GroupCollector(quota=train.prompts_per_step // processes, processes=processes,
-                                   process_index=self.accelerator.process_index, group_size=self.num_generations)
+        config = train.dynamic_sampling
+        collector = GroupCollector(groups_per_step=train.prompts_per_step, processes=self.accelerator.num_processes,
+                                   process_index=self.accelerator.process_index, group_size=self.num_generations,
+                                   pad_token_id=self.processing_class.pad_token_id)
         round_prompts = config.prompts_per_round or train.prompts_per_step
         while True:
-            # round 1: the sampler's batch plus the rest of the round from the stream; later rounds: the stream
-            extra = round_prompts - (train.prompts_per_step if collector.rounds == 0 else 0)
-            round_inputs = (inputs if collector.rounds == 0 else []) + self._stream_inputs(extra)
-            out, rewards_all, correct_all = self._generate_round(round_inputs)
-            n_local = out["completion_ids"].shape[0]
-            local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-            collector.add_round({k: out[k].cpu() for k in ROLLOUT_TENSORS}, rewards_all[local], correct_all)
+            out, rewards_all, correct_all = self._generate_round(self._stream_inputs(round_prompts))
+            collector.add_round({k: out[k].cpu() for k in ROLLOUT_TENSORS}, rewards_all, correct_all)
             if collector.full or collector.rounds >= config.max_generation_rounds:
                 break
-        for name, value in collector.metrics().items():
+        metrics = collector.metrics()
+        for name, value in metrics.items():
             self._log_train(f"dynamic_sampling/{name}", float(value))
+        self._log_train("dynamic_sampling/epoch", self.prompt_stream.passes)
         if not collector.full and self.accelerator.is_main_process:
-            metrics = collector.metrics()
             logger.warning(f"step {self.state.global_step + 1}: dynamic sampling ran out of its "
                            f"{config.max_generation_rounds} rounds with {metrics['groups_kept']} of "
                            f"{train.prompts_per_step} groups with signal; {metrics['groups_filled']} zero-variance "
                            "groups complete the step (train.dynamic_sampling.max_generation_rounds)")
-        rollouts, rewards = collector.batch(self.processing_class.pad_token_id)
+        rollouts, rewards = collector.batch(self._exchange_groups(collector))
         device = out["completion_ids"].device
         return {k: v.to(device) for k, v in rollouts.items()}, rewards
+
+    def _exchange_groups(self, collector: GroupCollector) -> dict:
+        """The trained groups this process did not generate, from the processes that did: point-to-point sends over
+        a CPU (gloo) process group, each group once, to the one process that trains it, as pickled compact rows
+        (int32 ids and bool masks without the group's shared padding columns: 5 bytes per token). Two phases, the
+        payload sizes, then the payloads. Cost per step: the moved groups (``dynamic_sampling/groups_moved``) x
+        num_generations x their padded prompt + completion tokens x 5 bytes, over all processes; a process receives
+        at most its prompts_per_step / processes groups. paper-8020 (512 groups of 16, up to ~22.5k tokens, 8
+        processes): at most ~0.9 GB moved per step when every group moves and every rollout has the maximum length,
+        at most ~115 MB received per process, plus a pickled copy on each side while it is sent; no GPU memory."""
+        if self.accelerator.num_processes == 1:
+            return {}
+        import pickle
+
+        import torch.distributed as dist
+
+        if self._exchange_group is None and dist.get_backend() != "gloo":
+            self._exchange_group = dist.new_group(backend="gloo")  # every process reaches its first exchange together
+        group = self._exchange_group
+        sends = {q: torch.frombuffer(bytearray(pickle.dumps(rows)), dtype=torch.uint8)
+                 for q, rows in collector.outgoing().items()}
+        sources = collector.sources()
+
+        def exchange(outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Tensor]) -> None:
+            works = [dist.isend(t, q, group=group) for q, t in outgoing.items()]
+            works += [dist.irecv(t, p, group=group) for p, t in incoming.items()]
+            for work in works:
+                work.wait()
+
+        sizes = {p: torch.zeros(1, dtype=torch.int64) for p in sources}
+        exchange({q: torch.tensor([len(t)], dtype=torch.int64) for q, t in sends.items()}, sizes)
+        payloads = {p: torch.empty(int(sizes[p]), dtype=torch.uint8) for p in sources}
+        exchange(sends, payloads)
+        received = {}
+        for p in sources:
+            received.update(pickle.loads(payloads[p].numpy().tobytes()))
+        return received
 
     def _stream_inputs(self, prompts: int) -> list[dict]:
         """This process's rows for the next ``prompts`` prompts of the stream (all processes draw the same ones and
@@ -542,7 +601,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
     def _reference_logp(self, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
         """log pi_ref (no grad) of a batch, timed as the reference phase."""
         started = self.clock.start()
-        with torch.no_grad():
+        # the reference is not prepared by accelerate: its forward gets the policy's autocast explicitly
+        with torch.no_grad(), self.accelerator.autocast():
             ref_logp = self._chunked_statistics(self.ref_policy, inputs, (), "reference", False, loss_positions)["logp"]
         self.clock.stop("reference", started)
         return ref_logp
@@ -580,6 +640,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         loss_inputs = loss_inputs_for(self.method, batch, result, ctx, positions,
                                       old_logp=inputs.get(f"{ROLLOUT_KEY_PREFIX}old_logp"), ref_logp=stats.ref_logp)
+        loss_inputs = self._normalised(loss_inputs, result, batch, inputs, ctx)
         mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
         config = self._loss_config(ctx)
         if in_chunks:
@@ -590,6 +651,42 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if not torch.isfinite(loss.detach()):
             return self._skip_nonfinite_step(model, loss)
         return loss
+
+    def _normalised(self, loss_inputs: LossInputs, result, batch: RolloutBatch, inputs: dict,
+                    ctx: StepContext) -> LossInputs:
+        """The denominators of the optimizer step's loss (``train.loss_micro_batch_tokens``).
+
+        0: one mean over the rollouts of every process: the method's denominator parts (and the KL term's) are summed
+        over the processes in one all-reduce (``hooks.with_global_denominators``; nothing to do with one process).
+        N > 0: verl's legacy micro-batch means (``harness.train.micro_batches``): this process's rows are split into
+        micro-batches of at most N prompt + completion tokens, as many as the largest count of any process (verl
+        takes that maximum too), each weighted by its rows / the process's rows over its own denominator.
+        Logs ``loss/denominator`` and ``loss/kl_denominator`` (the step's, over every process) or
+        ``loss/micro_batches`` (this process's count)."""
+        parts, kl_parts = denominator_parts(result, batch, ctx)
+        tokens = self.preset.train.loss_micro_batch_tokens
+        processes = self.accelerator.num_processes
+        if tokens:
+            if parts is None or kl_parts is None:
+                raise ValueError(f"method {self.method.name!r} returned no row_denominators (TokenWeights): "
+                                 "train.loss_micro_batch_tokens needs them to take each micro-batch's denominator")
+            lengths = (inputs["prompt_mask"].sum(dim=1) + inputs["completion_mask"].sum(dim=1)).tolist()
+            micro_batches = balanced_micro_batches(lengths, self.max_over_processes(micro_batch_count(lengths, tokens)))
+            self._log_train("loss/micro_batches", float(len(micro_batches)))
+            return with_row_scales(loss_inputs, micro_batch_row_scales(micro_batches, parts),
+                                   micro_batch_row_scales(micro_batches, kl_parts))
+        if processes == 1:
+            self._log_train("loss/denominator", float(loss_inputs.denominator))
+            self._log_train("loss/kl_denominator", float(loss_inputs.kl_denominator))
+            return loss_inputs
+        local = [result.denominator if parts is None else parts.sum(),
+                 loss_inputs.kl_denominator if kl_parts is None else kl_parts.sum()]
+        local = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()).to(self.accelerator.device)
+                             for v in local])
+        total = self.accelerator.reduce(local, reduction="sum").to(torch.float32).clamp(min=1.0)
+        self._log_train("loss/denominator", float(total[0]))
+        self._log_train("loss/kl_denominator", float(total[1]))
+        return with_global_denominators(loss_inputs, total[0], total[1], processes)
 
     def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
                                  chunk_rows: int, loss_positions: torch.Tensor | None = None,
@@ -678,6 +775,21 @@ class TargetedGRPOTrainer(GRPOTrainer):
             return value
         values = self.accelerator.gather(torch.tensor([value], dtype=torch.int64, device=self.accelerator.device))
         return int(values.max())
+
+    def precision_in_use(self) -> dict:
+        """What the run trained with, read from the live objects (run.json ``precision``): the autocast mode, the
+        dtypes of the trainable weights and of the optimizer state (DeepSpeed: its float32 partitions)."""
+        trainable = {str(p.dtype) for p in self.model.parameters() if p.requires_grad}
+        states: set[str] = set()
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper
+        for state in getattr(optimizer, "state", {}).values():
+            states |= {str(v.dtype) for v in state.values() if torch.is_tensor(v) and v.is_floating_point()
+                       and v.dim() > 0}
+        for group in getattr(optimizer, "fp32_partitioned_groups_flat", None) or []:  # DeepSpeed ZeRO-3
+            states.add(f"{group.dtype} (deepspeed master partition)")
+        return {"mixed_precision": self.accelerator.mixed_precision, "compute_dtype": self.preset.model.dtype,
+                "trainable_dtypes": sorted(trainable), "optimizer_state_dtypes": sorted(states),
+                "distributed": self.accelerator.distributed_type.value}
 
     # --- resumable checkpoints ----------------------------------------------------------------------------------
 

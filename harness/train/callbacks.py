@@ -55,7 +55,8 @@ class BudgetCallback(TrainerCallback):
         state_dict = accelerator.get_state_dict(trainer.deepspeed if trainer.is_deepspeed_enabled else model)
         if accelerator.is_main_process:
             staging = directory.with_name(directory.name + ".partial")
-            save_policy(accelerator.unwrap_model(model), trainer.processing_class, staging, state_dict)
+            save_policy(accelerator.unwrap_model(model), trainer.processing_class, staging, state_dict,
+                        dtype=trainer.preset.model.dtype)
             staging.rename(directory)
         accelerator.wait_for_everyone()
 

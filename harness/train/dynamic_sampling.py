@@ -1,27 +1,44 @@
 """DAPO's dynamic sampling (``train.dynamic_sampling``): which prompt groups a step trains on, when generation
-stops, and where the extra prompts come from. Pure torch; the trainer (``harness/train/adapter.py``) generates.
+stops, which process trains which group, and where every round's prompts come from. Pure torch; the trainer
+(``harness/train/adapter.py``) generates and moves the groups between processes.
 
 As verl's DAPO recipe (``RayDAPOTrainer.fit``, ``algorithm.filter_groups``): a group whose rollouts all have the
 same accuracy (all correct or all wrong) carries no signal and is dropped; generation continues in rounds of
-``prompts_per_round`` prompts (verl's ``data.gen_batch_size``) until ``prompts_per_step`` groups with signal are
-collected; the first ones in generation order are trained, the surplus is discarded. The filter reads the
-correctness reward alone, as the DAPO, 80/20 and KTAE scripts do (``filter_groups.metric=acc``): groups that differ
-only in the overlong penalty are dropped too.
+``prompts_per_round`` prompts (verl's ``data.gen_batch_size``), each the next batch of the one prompt stream, until
+the groups with signal of all processes together reach ``prompts_per_step`` (verl's ``data.train_batch_size``); the
+first ``prompts_per_step`` of them in generation order are trained and the surplus is discarded. The filter reads
+the correctness reward alone, as the DAPO, 80/20 and KTAE scripts do (``filter_groups.metric=acc``): groups that
+differ only in the overlong penalty are dropped too.
 
-Choices where the harness differs from verl (each stated in the README):
-- Several processes: each keeps its own ``prompts_per_step / processes`` groups from the rollouts it generated
-  (verl keeps the first groups of the whole batch and rebalances them over the ranks). Rollouts never move between
-  processes; every process knows every process's accuracy (TRL gathers the rewards), so all of them take the same
-  decision to generate another round.
-- Rounds run out (``max_generation_rounds``): verl stops the run with an error. Here the step trains on every group
-  with signal it collected, completed to ``prompts_per_step`` by zero-variance groups in generation order (what the
-  step would have trained without dynamic sampling: their GRPO advantage is 0), so every mini-batch keeps its size
-  on every process; the step's metrics say so (``dynamic_sampling/rounds_exhausted``, ``groups_filled``).
-- Extra prompts: the first round is the sampler's batch (TRL's ``RepeatSampler``, untouched, so the step count,
-  epochs and transformers' resume skip stay right), plus ``prompts_per_round - prompts_per_step`` prompts from a
-  second stream; later rounds take all their prompts from it. The stream (``PromptStream``) walks seeded
-  permutations of the training prompts (seeded by the run seed, another permutation each pass); its position is
-  saved in each trainer checkpoint, so a resumed run draws the same extra prompts.
+Several processes (``GroupCollector``): every process draws the same round from the stream and generates its
+contiguous share of it, so generation order = stream order = (round, process, group). TRL gathers every process's
+rewards, so all processes count the groups with signal of the whole round, take the same decision to stop, and
+pick the same trained groups: the first ``prompts_per_step`` with signal in that order, as verl's single controller
+does with the whole batch. Process p trains groups ``[p Q / P, (p + 1) Q / P)`` of that list (Q = prompts_per_step,
+P = processes): whole groups, the same number on every process (mini-batches need equal counts), in order, as
+verl's data-parallel dispatch splits the kept batch in contiguous chunks (verl, with ``trainer.balance_batch``, also
+reorders single rollouts over ranks by length first; here a process keeps whole groups, whose advantages it
+computes). A group generated on one process and trained on another moves once, at the end of the step
+(``outgoing`` -> the trainer's exchange -> ``batch``); rewards and correctness do not move (the gather has them).
+Each process holds on CPU only the groups that can still be trained (compact rows: int32 ids, bool masks, padding
+columns of the group cut), at most Q with signal and Q without over all processes.
+
+Rounds run out (``max_generation_rounds``, verl's ``max_num_gen_batches``): verl stops the run with an error. Here
+the step trains every group with signal it collected, completed to ``prompts_per_step`` by the first zero-variance
+groups in generation order (their GRPO advantage is 0, as without dynamic sampling), in generation order, so every
+mini-batch keeps its size on every process; the step's metrics say so (``dynamic_sampling/rounds_exhausted``,
+``groups_filled``) and the trainer logs a warning.
+
+The prompt stream (``PromptStream``) replaces TRL's sampler as the source of prompts while dynamic sampling is on:
+seeded permutations of the training prompts, a new one per pass (seeded by the run seed), read in rounds of
+``prompts_per_round``; a round never straddles two passes (the last ``n mod prompts_per_round`` prompts of a pass
+are skipped, as verl's dataloader drops its last partial batch), so no prompt repeats within a pass and a pass is
+what verl calls an epoch (``dynamic_sampling/epoch`` logs the passes read). TRL's sampler still yields one batch per
+step, which keeps transformers' step count and resume skip, but its prompts are not generated. The stream's cursor
+is saved in each trainer checkpoint, so a resumed run draws the same prompts. Differences from verl's dataloader:
+another permutation for the same seed (verl: a torch ``RandomSampler`` seeded by ``data.seed``); rounds continue
+across passes until the budget stops the run (verl: ``total_epochs`` passes of the dataloader or
+``total_training_steps``); without dynamic sampling the prompts come from TRL's sampler, in another order.
 """
 
 from __future__ import annotations
@@ -32,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")  # the columns a step keeps
+GroupKey = tuple[int, int, int]  # (round, process, group index among the process's groups of the round)
 
 
 def groups_with_signal(scores: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -41,9 +59,10 @@ def groups_with_signal(scores: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 class PromptStream:
-    """Prompt indices for rounds after the sampler's batch: seeded permutations of ``n`` prompts, one per pass, read
-    from position ``cursor`` on. The permutation of pass p depends only on (seed, p), so the cursor is the whole
-    state: saved in checkpoints, it reproduces the stream on resume."""
+    """The prompts of dynamic sampling's rounds: seeded permutations of ``n`` prompts, one per pass, read from
+    position ``cursor`` (counted over passes, skipped prompts included) on; ``take`` never straddles two passes.
+    The permutation of pass p depends only on (seed, p), so the cursor is the whole state: saved in checkpoints, it
+    reproduces the stream on resume."""
 
     def __init__(self, n: int, seed: int, cursor: int = 0):
         if n < 1:
@@ -58,87 +77,136 @@ class PromptStream:
             self._pass, self._order = index, torch.randperm(self.n, generator=generator)
         return self._order
 
+    @property
+    def passes(self) -> float:
+        """Passes over the prompts read so far (verl's epochs)."""
+        return self.cursor / self.n
+
     def take(self, count: int) -> list[int]:
-        """The next ``count`` prompt indices (the same on every process)."""
-        out = []
-        for position in range(self.cursor, self.cursor + count):
-            out.append(int(self._permutation(position // self.n)[position % self.n]))
+        """The next ``count`` prompt indices (the same on every process), all from one pass: when the rest of the
+        current pass is shorter, it is skipped (verl's ``drop_last``)."""
+        if count > self.n:
+            raise ValueError(f"a round of {count} prompts exceeds the {self.n} training prompts")
+        if self.cursor % self.n + count > self.n:
+            self.cursor += self.n - self.cursor % self.n
+        start = self.cursor % self.n
         self.cursor += count
-        return out
-
-
-@dataclass
-class _Group:
-    order: tuple[int, int]  # (round, group index among the process's groups of that round): generation order
-    rollouts: dict[str, torch.Tensor]  # ROLLOUT_TENSORS rows of the group
-    rewards: torch.Tensor  # (group_size,) summed rewards
+        return self._permutation((self.cursor - 1) // self.n)[start:start + count].tolist()
 
 
 @dataclass
 class GroupCollector:
-    """The groups one process trains on, collected round by round. ``quota`` = prompts_per_step / processes."""
+    """The groups a step trains, over all processes, collected round by round (the same decisions on every
+    process); this process's own groups that may be trained are held as compact CPU rows.
 
-    quota: int
+    ``groups_per_step`` = prompts_per_step (all processes together, a multiple of ``processes``)."""
+
+    groups_per_step: int
     processes: int
     process_index: int
     group_size: int
-    rounds: int = 0
-    generated: int = 0  # groups generated, all processes
-    with_signal: int = 0  # of which with signal, all processes (kept + surplus)
-    _kept_per_process: list[int] = field(default_factory=list)
-    _kept: list[_Group] = field(default_factory=list)
-    _fillers: list[_Group] = field(default_factory=list)  # zero-variance groups, used only when rounds run out
+    pad_token_id: int
+    _rewards: list[torch.Tensor] = field(default_factory=list)  # per round (P, groups, group_size), all processes
+    # the first groups_per_step groups with signal and without, all processes, in generation order: the candidates
+    _first: dict[bool, list[GroupKey]] = field(default_factory=lambda: {True: [], False: []})
+    _generated: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # groups with signal / without
+    _held: dict[GroupKey, dict[str, torch.Tensor]] = field(default_factory=dict)  # this process's candidates
+    _dtypes: dict[str, torch.dtype] = field(default_factory=dict)
 
     def __post_init__(self):
-        self._kept_per_process = [0] * self.processes
+        if self.groups_per_step % self.processes:
+            raise ValueError(f"{self.groups_per_step} groups per step do not split over {self.processes} processes")
+
+    @property
+    def rounds(self) -> int:
+        return len(self._rewards)
 
     @property
     def full(self) -> bool:
-        """Every process holds its quota of groups with signal: no further round."""
-        return min(self._kept_per_process) >= self.quota
+        """The groups with signal of all processes reach groups_per_step: no further round."""
+        return self._generated[True] >= self.groups_per_step
 
-    def add_round(self, rollouts: dict[str, torch.Tensor], rewards: torch.Tensor, scores_all: torch.Tensor) -> None:
-        """One round: this process's ``rollouts`` (rows of its groups, in order) and summed ``rewards`` (its rows),
-        and ``scores_all`` (N_all,), the accuracy of every process's rollouts in process order."""
+    def add_round(self, rollouts: dict[str, torch.Tensor], rewards_all: torch.Tensor, scores_all: torch.Tensor) -> None:
+        """One round: this process's ``rollouts`` (ROLLOUT_TENSORS rows of its groups, in order), and the summed
+        rewards and the accuracy of every process's rollouts (N_all,), in process order (TRL's gather)."""
         signal = groups_with_signal(scores_all, self.group_size).reshape(self.processes, -1)
-        self.rounds += 1
-        self.generated += signal.numel()
-        self.with_signal += int(signal.sum())
+        index = self.rounds
+        self._rewards.append(rewards_all.reshape(self.processes, signal.shape[1], self.group_size))
+        self._dtypes = self._dtypes or {k: rollouts[k].dtype for k in ROLLOUT_TENSORS}
         for p in range(self.processes):
-            room = self.quota - self._kept_per_process[p]
-            self._kept_per_process[p] += min(room, int(signal[p].sum()))
-            if p != self.process_index:
-                continue
             for g, has_signal in enumerate(signal[p].tolist()):
-                if has_signal and room > 0:
-                    self._kept.append(self._group(rollouts, rewards, g))
-                    room -= 1
-                elif not has_signal and len(self._fillers) < self.quota:
-                    self._fillers.append(self._group(rollouts, rewards, g))
+                self._generated[has_signal] += 1
+                first = self._first[has_signal]
+                if len(first) < self.groups_per_step:  # a candidate: fewer than groups_per_step of its kind before it
+                    first.append((index, p, g))
+                    if p == self.process_index:
+                        self._held[(index, p, g)] = self._compact(rollouts, g)
 
-    def _group(self, rollouts: dict, rewards: torch.Tensor, g: int) -> _Group:
+    def _compact(self, rollouts: dict[str, torch.Tensor], g: int) -> dict[str, torch.Tensor]:
+        """The rows of group ``g``: ids int32, masks bool, without the padding columns all its rows share (prompts
+        are left-padded, completions right-padded; ``concat_rollouts`` pads them again)."""
         rows = slice(g * self.group_size, (g + 1) * self.group_size)
-        return _Group((self.rounds, g), {k: rollouts[k][rows] for k in ROLLOUT_TENSORS}, rewards[rows])
+        out = {}
+        for side in ("prompt", "completion"):
+            ids, mask = rollouts[f"{side}_ids"][rows], rollouts[f"{side}_mask"][rows].bool()
+            used = (mask | (ids != self.pad_token_id)).any(dim=0).nonzero().flatten()
+            if len(used) == 0:
+                columns = slice(0, 1)
+            elif side == "prompt":
+                columns = slice(int(used[0]), None)
+            else:
+                columns = slice(0, int(used[-1]) + 1)
+            out[f"{side}_ids"], out[f"{side}_mask"] = ids[:, columns].to(torch.int32), mask[:, columns].clone()
+        return out
+
+    def chosen(self) -> list[GroupKey]:
+        """The trained groups in generation order: the first groups_per_step with signal, completed (rounds ran out)
+        by the first zero-variance groups."""
+        with_signal = self._first[True]
+        return sorted(with_signal + self._first[False][:self.groups_per_step - len(with_signal)])
+
+    def assigned(self, process: int) -> list[GroupKey]:
+        """The groups ``process`` trains: its contiguous share of ``chosen``."""
+        share = self.groups_per_step // self.processes
+        return self.chosen()[process * share:(process + 1) * share]
+
+    def outgoing(self) -> dict[int, dict[GroupKey, dict[str, torch.Tensor]]]:
+        """process -> the compact rows of the groups it trains that this process generated (never itself)."""
+        out: dict[int, dict] = {}
+        for q in range(self.processes):
+            mine = {k: self._held[k] for k in self.assigned(q) if k[1] == self.process_index}
+            if q != self.process_index and mine:
+                out[q] = mine
+        return out
+
+    def sources(self) -> list[int]:
+        """The processes that send this one groups (in ``outgoing``)."""
+        return sorted({k[1] for k in self.assigned(self.process_index)} - {self.process_index})
+
+    def batch(self, received: dict[GroupKey, dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """This process's trained groups, in generation order: ({ROLLOUT_TENSORS}, (rows,) summed rewards).
+        ``received``: what the other processes sent (their ``outgoing`` for this one)."""
+        keys = self.assigned(self.process_index)
+        parts = [self._held[k] if k[1] == self.process_index else received[k] for k in keys]
+        rollouts = concat_rollouts(parts, self.pad_token_id)
+        rollouts = {k: v.to(self._dtypes[k]) for k, v in rollouts.items()}
+        return rollouts, torch.cat([self._rewards[r][p, g] for r, p, g in keys])
 
     def metrics(self) -> dict[str, float]:
         """Per step, over all processes: groups generated, with signal, kept (trained with signal), filled (trained
-        without, rounds ran out), rounds, rounds_exhausted (0/1)."""
-        kept = sum(min(k, self.quota) for k in self._kept_per_process)
+        without, rounds ran out), moved (trained on another process than the one that generated them), rounds,
+        rounds_exhausted (0/1)."""
+        kept = len(self._first[True])
+        share = self.groups_per_step // self.processes
         return {
-            "groups_generated": self.generated,
-            "groups_with_signal": self.with_signal,
+            "groups_generated": self._generated[True] + self._generated[False],
+            "groups_with_signal": self._generated[True],
             "groups_kept": kept,
-            "groups_filled": self.quota * self.processes - kept,
+            "groups_filled": self.groups_per_step - kept,
+            "groups_moved": sum(k[1] != i // share for i, k in enumerate(self.chosen())),
             "rounds": self.rounds,
             "rounds_exhausted": float(not self.full),
         }
-
-    def batch(self, pad_token_id: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The trained groups, in generation order: ({ROLLOUT_TENSORS}, (rows,) summed rewards). Kept groups first,
-        completed with fillers when rounds ran out."""
-        chosen = self._kept + self._fillers[: self.quota - len(self._kept)]
-        chosen.sort(key=lambda group: group.order)
-        return concat_rollouts([g.rollouts for g in chosen], pad_token_id), torch.cat([g.rewards for g in chosen])
 
 
 def concat_rollouts(parts: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ to the full (B, T) shape.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
+    aggregation_row_denominators,
     aggregation_weights,
     group_advantages,
 )
@@ -77,6 +79,17 @@ def weigh_tokens(method: Method, stats: TokenStats, prepared: PreparedBatch, ctx
     if result.kl_weights is not None and tuple(result.kl_weights.shape) != expected:
         raise ValueError(f"method {method.name!r} returned kl_weights of shape {tuple(result.kl_weights.shape)}, "
                          f"expected {expected}")
+    for name, parts, denominator in (("row_denominators", result.row_denominators, result.denominator),
+                                     ("kl_row_denominators", result.kl_row_denominators, result.kl_denominator)):
+        if parts is None:
+            continue
+        if tuple(parts.shape) != expected[:1] or denominator is None:
+            raise ValueError(f"method {method.name!r} returned {name} of shape {tuple(parts.shape)} (expected "
+                             f"{expected[:1]}){'' if denominator is not None else ' without its denominator'}")
+        total, whole = float(parts.sum()), float(denominator)
+        if min(abs(total - whole), abs(max(total, 1.0) - whole)) > 1e-5 * max(abs(whole), 1.0):
+            raise ValueError(f"method {method.name!r}: {name} add up to {total}, its denominator is {whole} "
+                             "(the denominator must be the sum of the row parts, or 1 when that is below 1)")
     return result
 
 
@@ -86,6 +99,36 @@ def kl_weights_of(result: TokenWeights, batch: RolloutBatch, ctx: StepContext) -
     if result.kl_weights is not None:
         return result.kl_weights, result.kl_denominator
     return aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
+
+
+def denominator_parts(result: TokenWeights, batch: RolloutBatch,
+                      ctx: StepContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per-rollout parts (B,) of the loss's and the KL term's denominators (``TokenWeights.row_denominators``): the
+    method's, and for the KL term without the method's weights, the baseline aggregation's (``kl_weights_of``).
+    None where the method gave none."""
+    if result.kl_weights is not None:
+        return result.row_denominators, result.kl_row_denominators
+    return result.row_denominators, aggregation_row_denominators(batch.completion_mask, ctx.aggregation,
+                                                                  ctx.max_completion_length)
+
+
+def with_global_denominators(inputs: LossInputs, denominator: torch.Tensor, kl_denominator: torch.Tensor,
+                             processes: int) -> LossInputs:
+    """One process's loss inputs when the loss is one mean over every process's rollouts of the optimizer step.
+
+    ``denominator``, ``kl_denominator``: the sums over the processes of their parts, D = sum_p D_p. The process's
+    loss becomes sum(w l) / (D / P): DDP/ZeRO/FSDP average the gradients over the P processes, which gives
+    sum_p sum(w l)_p / D, the gradient of the global mean. D is clamped to at least 1 as each method's own is."""
+    return dataclasses.replace(inputs, denominator=denominator.clamp(min=1.0) / processes,
+                               kl_denominator=kl_denominator.clamp(min=1.0) / processes)
+
+
+def with_row_scales(inputs: LossInputs, scales: torch.Tensor, kl_scales: torch.Tensor) -> LossInputs:
+    """The loss inputs with each row's weights multiplied by its scale (B,) and no denominator: the weighting of
+    verl's legacy micro-batches (``harness.train.micro_batches.micro_batch_row_scales``)."""
+    kl_weights = None if inputs.kl_weights is None else inputs.kl_weights * kl_scales[:, None]
+    return dataclasses.replace(inputs, weights=inputs.weights * scales[:, None], denominator=1.0,
+                               kl_weights=kl_weights, kl_denominator=None if kl_weights is None else 1.0)
 
 
 @dataclass

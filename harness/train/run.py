@@ -14,6 +14,7 @@ from harness.config.paths import SweepPaths, checkpoint_name
 from harness.config.provenance import run_record
 from harness.config.schema import MethodSpec, Resolved
 from harness.data.files import sha256_file, write_json_atomic
+from harness.data.hub import source_checksums
 from harness.data.prepare import training_rows
 from harness.data.prompts import render_prompt
 from harness.model.checkpoints import load_policy
@@ -36,7 +37,8 @@ def reward_functions(preset) -> list:
     from harness.train.adapter import reward_function
     from harness.train.rewards import overlong_reward_functions
 
-    return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s),
+    values = preset.train.reward_values
+    return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s, values.correct, values.wrong),
             *overlong_reward_functions(preset.train)]  # reward = correctness + DAPO overlong term
 
 
@@ -59,7 +61,8 @@ def build_trainer(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepP
     torch.set_num_threads(preset.train.threads)
     run_seed = seed + spec.seed_offset  # the sweep seed names the run; the offset separates A/A labels
     set_seed(run_seed)
-    model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
+    # the trainable weights in train.master_dtype (float32 masters); forward passes compute in model.dtype (autocast)
+    model, tokenizer = load_policy(paths.warmstart_dir, preset.train.master_dtype)
     dataset = training_dataset(resolved, paths, tokenizer, run_seed)
     method = get_method_class(spec.name)(spec.params)
     trainer = TargetedGRPOTrainer(
@@ -83,7 +86,7 @@ def build_plain_trainer(resolved: Resolved, paths: SweepPaths, seed: int, run_di
     preset = resolved.preset
     torch.set_num_threads(preset.train.threads)
     set_seed(seed)
-    model, tokenizer = load_policy(paths.warmstart_dir, preset.model.dtype)
+    model, tokenizer = load_policy(paths.warmstart_dir, preset.train.master_dtype)
     dataset = training_dataset(resolved, paths, tokenizer, seed)
     return plain_grpo_trainer(model, tokenizer, dataset, reward_functions(preset), preset, run_dir, seed)
 
@@ -169,7 +172,8 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         counters={"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
                   "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},
         train_seconds=elapsed, resumed_from=str(Path(resume_from).name) if resume_from else None,
-        data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl")})
+        data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl"), **source_checksums(paths.data_dir)})
+    record["precision"] = trainer.precision_in_use()
     write_json_atomic(run_dir / "run.json", record)
     return record
 
