@@ -87,9 +87,9 @@ class NAT(Method):
 
     before_forward draws (m, pi) from ``ctx.generator()`` (seeded by run seed, step and process: each process of a
     distributed run draws its own masks) and stores in ``batch.extras`` (all row-indexed):
-    nat_sample (B, T) m, nat_inclusion (B, T) pi, nat_base_weights (B, T) w and nat_base_denominator (B,) D
-    (the same D on every row) of the untruncated mask, nat_base_row_denominators (B,) each row's part of D,
-    nat_lengths (B,) |o_i|. token_weights sees the truncated batch and returns weights = m / pi * w, denominator = D.
+    nat_sample (B, T) m, nat_inclusion (B, T) pi, nat_base_weights (B, T) w and nat_base_row_denominators (B,)
+    each row's part of D of the untruncated mask, nat_lengths (B,) |o_i|. token_weights sees the truncated batch
+    (or one mini-batch of its rows) and returns weights = m / pi * w, denominator = D = the sum of its rows' parts.
     """
 
     needs = frozenset()
@@ -117,7 +117,7 @@ class NAT(Method):
     def before_forward(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         mask = batch.completion_mask  # (B, T), the original completion
         # (w, D) of the full loss, fixed now: token_weights only sees the truncated batch
-        base_weights, base_denominator = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
+        base_weights, _ = aggregation_weights(mask, ctx.aggregation, ctx.max_completion_length)
         if self.config.scheme == "rpc":
             sample, inclusion = random_prefix_cut(mask, ctx.generator())
             completion_mask = mask * sample  # 0 past the cut: prepare_batch drops columns past max_i c_i
@@ -129,7 +129,6 @@ class NAT(Method):
             "nat_sample": sample,
             "nat_inclusion": inclusion,
             "nat_base_weights": base_weights,
-            "nat_base_denominator": base_denominator.reshape(1).expand(mask.shape[0]).clone(),
             "nat_base_row_denominators": aggregation_row_denominators(mask, ctx.aggregation,
                                                                       ctx.max_completion_length),
             "nat_lengths": mask.sum(dim=1),
@@ -152,8 +151,10 @@ class NAT(Method):
         # L_hat = (1 / D) sum (m / pi) w l, (w, D) of the untruncated completion
         horvitz_thompson = sample / inclusion
         weights = horvitz_thompson * batch.extras["nat_base_weights"]
-        denominators = batch.extras["nat_base_denominator"]
-        denominator = denominators[0] if denominators.numel() else torch.tensor(1.0)
+        # D of the untruncated rows present: a sum over rows, so a mini-batch (train.mini_batches) divides by its own
+        # rows' part, as the baseline's aggregation of that mini-batch does
+        parts = batch.extras["nat_base_row_denominators"]
+        denominator = parts.sum().clamp(min=1.0)
         lengths = batch.extras["nat_lengths"]  # (B,) |o_i| before truncation
         longest = float(lengths.max()) if lengths.numel() else 0.0
         metrics = {
@@ -164,7 +165,5 @@ class NAT(Method):
         }
         # the KL term (train.beta > 0) by the same HT weights: E_m[sum (m / pi) w kl / D] = sum w kl / D, the
         # full-token KL term (the baseline's kl weights over the cut mask would drop the late tokens' KL)
-        # D is a sum over the rows of the untruncated mask: its parts (for the sum over processes or micro-batches)
-        parts = batch.extras["nat_base_row_denominators"]
         return TokenWeights(weights, denominator, metrics, kl_weights=weights, kl_denominator=denominator,
                             row_denominators=parts, kl_row_denominators=parts)

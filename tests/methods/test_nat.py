@@ -284,3 +284,21 @@ def test_registry_needs_and_config_checks():
     batch = make_batch([3], 3)
     with pytest.raises(ValueError, match="before_forward"):
         NAT().token_weights(TokenStats(torch.zeros(1, 3), torch.zeros(1, 3)), batch, StepContext())
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("scheme", ["rpc", "urs"])
+def test_a_mini_batch_divides_by_its_own_rows_as_the_baseline_does(aggregation, scheme):
+    """train.mini_batches splits the prepared batch by rows: each mini-batch's D is its rows' part of the untruncated
+    denominator, the baseline aggregation of those rows (it was the whole generation batch's D, halving NAT's loss
+    against every other method's with 2 mini-batches)."""
+    ctx = StepContext(seed=3, aggregation=aggregation, max_completion_length=MAX_COMPLETION_LENGTH)
+    batch = make_batch([3, 7, 10, 5], MAX_COMPLETION_LENGTH)
+    method = NAT(NAT.Config(scheme=scheme))
+    prepared = prepare_batch(method, batch, ctx)
+    for rows in (torch.tensor([0, 1]), torch.tensor([2, 3])):
+        mini = prepared.batch.select_rows(rows)
+        zeros = torch.zeros_like(mini.completion_mask)
+        result = weigh_tokens(method, TokenStats(logp=zeros, old_logp=zeros), prepared.__class__(mini, rows, 0), ctx)
+        _, baseline = aggregation_weights(batch.completion_mask[rows], aggregation, MAX_COMPLETION_LENGTH)
+        assert float(result.denominator) == float(baseline) == float(result.row_denominators.sum())
