@@ -106,8 +106,9 @@ FORK_SERVERS = ForkServers(PRESET.model.kind, PRESET.eval.backend, PATHS.logs_di
 
 onstart:
     if workflow.local_exec and not workflow.remote_exec:  # (workflow.cores is only defined here)
-        FORK_SERVERS.start({"train": min(PRESET.train.threads, workflow.cores),
-                            "eval": min(PRESET.eval.threads, workflow.cores)})
+        # a train job under `accelerate launch` starts its own processes: no train server for it
+        served = {"train": min(PRESET.train.threads, workflow.cores)} if PRESET.train.launcher == "python" else {}
+        FORK_SERVERS.start({**served, "eval": min(PRESET.eval.threads, workflow.cores)})
 
 
 onsuccess:

@@ -181,6 +181,14 @@ def cmd_new_method(args) -> None:
         print(f"created {path}")
 
 
+def cmd_rehearse(args) -> None:
+    from harness.ops.rehearsal import rehearse
+
+    failed = [sweep for sweep in args.sweeps if rehearse(Path(sweep), Path(args.out), args.mode, args.cores)]
+    if failed:
+        raise SystemExit(f"harness rehearse: {len(failed)} of {len(args.sweeps)} rehearsals failed: {failed}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,6 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="effect to detect, in points (repeatable; default: the claims of "
                         "configs/reported/<sweep>.yaml, else 2)")
     p.set_defaults(func=cmd_power)
+
+    p = sub.add_parser("rehearse", help="run a paper sweep's own DAG end to end at CPU scale, and check it")
+    p.add_argument("sweeps", nargs="+", help="paper sweep files, e.g. configs/sweeps/paper-ktae.yaml")
+    p.add_argument("--out", default="results/rehearsal", help="results folder of the rehearsals")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores")
+    p.add_argument("--mode", choices=("cpu", "vllm-cpu", "cuda"), default="cpu",
+                   help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
+                        "in one training process; cuda: one GPU with the preset's colocated vLLM")
+    p.set_defaults(func=cmd_rehearse)
 
     p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")

@@ -335,13 +335,13 @@ class ForkServers:
         self.processes: list[subprocess.Popen] = []
 
     def start(self, threads: dict[str, int]) -> None:
-        """``threads``: per command, the threads Snakemake gives its rule's jobs."""
+        """``threads``: per served command to start a server for, the threads Snakemake gives its rule's jobs."""
         if sys.platform != "linux" or os.environ.get(ENV_VAR) == "off":
             return
         self.folder = Path(tempfile.mkdtemp(prefix="harness-fork-"))  # short: a socket path has ~100 bytes
         self.log_dir.mkdir(parents=True, exist_ok=True)
         os.environ[ENV_VAR] = str(self.folder)
-        for command in SERVED:
+        for command in (c for c in SERVED if c in threads):
             with open(self.log_dir / f"forkserver_{command}.log", "w") as log:
                 self.processes.append(subprocess.Popen(
                     [sys.executable, "-P", "-m", "harness.forkserver", str(self.folder / f"{command}.sock"),

@@ -68,6 +68,9 @@ def test_flops_budget_stops_within_one_step_and_nat_gets_more_steps(tiny_sweep):
         assert len(per_step) == steps
         assert record["budget"]["clock"] == "process_time" and record["budget"]["ledger"]["step_seconds"] > 0
         assert record["budget"]["ledger"]["seconds"]["generation"] > 0 and record["budget"]["peak_memory_bytes"] > 0
+        # the phases partition the steps (generation was counted twice before: issue #27)
+        ledger = record["budget"]["ledger"]
+        assert sum(ledger["seconds"].values()) == pytest.approx(ledger["step_seconds"], rel=1e-9)
         first_half = record["budget"]["checkpoint_spend"]["ckpt-050"]
         assert first_half["spent"] >= amount / 2 and first_half["spent"] - per_step[first_half["step"] - 1] < amount / 2
         records[label] = record

@@ -230,3 +230,17 @@ def test_a_bad_training_length_names_the_key(tmp_path, training, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_reported(path)
     assert str(path) in str(info.value)
+
+
+def test_one_seed_or_an_interval_without_width_is_not_judged():
+    """A rehearsal (one seed per label) or a floor (both arms 0 on every problem) gives no verdict, and Holm's family
+    leaves the claim out; before, a [0.0, 0.0] interval 'contradicted' a +2.26 claim."""
+    claim = verdicts.Claim("ktae", "uniform", "mean", "greedy", 2.26, "improvement", "table")
+    rng = np.random.default_rng(0)
+    one_seed = verdicts.judge(claim, {"a": rng.normal(0.0, 0.1, (1, 30))})
+    assert one_seed.verdict == "not judged" and "one seed" in one_seed.reason and one_seed.interval is not None
+    floor = verdicts.judge(claim, {"a": np.zeros((3, 2)), "b": np.zeros((3, 2))})
+    assert floor.verdict == "not judged" and "without width" in floor.reason
+    judged = verdicts.with_holm([one_seed, floor, verdicts.judge(claim, {"a": rng.normal(0.1, 0.1, (3, 30))})])
+    assert [v.holm for v in judged] == ["not judged", "not judged", judged[2].verdict]
+    assert judged[2].holm_p_reproduce == judged[2].p_reproduce  # a family of one: Holm changes nothing

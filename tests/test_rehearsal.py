@@ -1,0 +1,106 @@
+"""Rehearsals of the paper sweeps (harness/ops/rehearsal.py, `harness rehearse`): what a rehearsal keeps and what it
+replaces (fast), and, under the `rehearsal` marker, every paper sweep's rehearsal end to end through Snakemake on
+CPU with its checks (precision, weights moved, ledger against the budget's arithmetic, report, resume after a kill).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import resolve
+from harness.ops import rehearsal
+
+SWEEPS = REPO_ROOT / "configs" / "sweeps"
+PAPER_SWEEPS = sorted(p.stem for p in SWEEPS.glob("paper-*.yaml"))
+# what a rehearsal must not change: (dotted key of the resolved preset)
+KEPT = ("prompt_template", "model.dtype", "train.master_dtype", "train.learning_rate", "train.weight_decay",
+        "train.warmup_steps", "train.max_grad_norm", "train.ppo_epochs", "train.clip_eps_low",
+        "train.clip_eps_high", "train.clip_ratio_c", "train.beta", "train.kl_estimator", "train.aggregation",
+        "train.scale_rewards", "train.reward", "train.reward_values", "train.temperature", "train.top_p",
+        "train.dynamic_sampling.enabled", "train.dynamic_sampling.max_generation_rounds", "train.overlong.penalty",
+        "train.launcher", "train.budget.kind", "eval.k", "eval.temperature",
+        "eval.top_p", "eval.greedy", "eval.stop")
+
+
+def value(resolved, dotted: str):
+    node = resolved.to_dict()["preset"]
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def rehearsal_of(sweep: str, tmp_path: Path, **kwargs):
+    return rehearsal.rehearsal_sweep(SWEEPS / f"{sweep}.yaml", tmp_path, tmp_path / "model", tmp_path / "train.jsonl",
+                                     context_tokens=200, **kwargs)
+
+
+@pytest.mark.parametrize("sweep", PAPER_SWEEPS)
+def test_a_rehearsal_keeps_the_protocol_and_replaces_only_scale(sweep, tmp_path):
+    paper = resolve(SWEEPS / f"{sweep}.yaml")
+    plan = rehearsal_of(sweep, tmp_path)
+    small = resolve(plan.sweep)  # passes every check the paper sweep passes
+    for key in KEPT:
+        assert value(small, key) == value(paper, key), key
+    assert small.sweep.methods == paper.sweep.methods and "uniform-aa" in small.sweep.methods
+    assert small.sweep.name == paper.sweep.name  # so its claims and fidelity files are the paper's
+    assert small.sweep.seeds == paper.sweep.seeds[:1]
+    train, paper_train = small.preset.train, paper.preset.train
+    assert small.preset.resources.train.gpus == rehearsal.PROCESSES and train.launcher == "accelerate"
+    # one prompt group per process and mini-batch; dynamic sampling's round in the paper's proportion to the step
+    assert train.mini_batches == min(paper_train.mini_batches, rehearsal.MAX_MINI_BATCHES)
+    assert train.prompts_per_step == rehearsal.PROCESSES * train.mini_batches
+    if paper_train.dynamic_sampling.enabled:
+        paper_ratio = paper_train.dynamic_sampling.prompts_per_round / paper_train.prompts_per_step
+        assert train.dynamic_sampling.prompts_per_round == paper_ratio * train.prompts_per_step
+    assert bool(train.overlong.buffer) == bool(paper_train.overlong.buffer)
+    assert bool(train.loss_micro_batch_tokens) == bool(paper_train.loss_micro_batch_tokens)
+    assert train.distributed == "ddp" and not train.use_vllm and small.preset.eval.backend == "hf"
+    assert all(b.limit == rehearsal.BENCHMARK_ROWS for b in small.preset.eval.benchmarks.values())
+    assert set(small.preset.eval.benchmarks) == set(paper.preset.eval.benchmarks)
+    if paper_train.distributed != "ddp":
+        assert any(f"{paper_train.distributed} runs as ddp" in line for line in plan.replaced)
+
+
+def test_the_vllm_cpu_rehearsal_runs_one_colocated_process(tmp_path):
+    small = resolve(rehearsal_of("paper-ktae", tmp_path, mode="vllm-cpu").sweep)
+    train = small.preset.train
+    assert (train.launcher, train.use_vllm, train.vllm_device, small.preset.resources.train.gpus) == (
+        "python", True, "cpu", 0)
+    assert small.preset.eval.backend == "vllm" and small.preset.eval.vllm.device == "cpu"
+
+
+def test_architectures_follow_the_hub_id():
+    assert rehearsal.architecture("Qwen/Qwen2.5-Math-1.5B") == "qwen2"
+    assert rehearsal.architecture("Qwen/Qwen3-8B-Base") == "qwen3"
+    assert rehearsal.architecture("meta-llama/Llama-3.1-8B") == "llama"
+    with pytest.raises(ValueError, match="no rehearsal architecture"):
+        rehearsal.architecture("mistralai/Mistral-7B")
+
+
+def test_rehearsal_rows_have_two_answers_about_evenly():
+    rows = rehearsal.rehearsal_rows()
+    answers = [r["answer"] for r in rows]
+    assert len(rows) == rehearsal.TRAIN_ROWS and set(answers) == {"2", "3"}
+    assert 0.4 < answers.count("2") / len(rows) < 0.6  # a format-only model is right about half the time
+
+
+@pytest.fixture(scope="module")
+def rehearsal_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("rehearsals")  # shared: rehearsals of one architecture and template share a model
+
+
+@pytest.mark.rehearsal
+@pytest.mark.parametrize("sweep", PAPER_SWEEPS)
+def test_paper_sweep_rehearsal(sweep, rehearsal_root, capsys):
+    assert rehearsal.rehearse(SWEEPS / f"{sweep}.yaml", rehearsal_root) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "replaced: model:" in out and "resume:" in out and f"passed: {sweep}" in out
+    root = rehearsal_root / sweep
+    board = (root / "leaderboard.md").read_text()
+    for element in ("| precision |", "| reward |", "| aggregation |", "| eval_top_p |", "| eval_stop |",
+                    "| eval_grader |", "| budget |"):
+        assert element in board, element
+    # one seed per label: the report says it cannot judge
+    assert "not judged" in board and "one seed per label" in board
+    assert "uniform-aa" in board
