@@ -8,36 +8,49 @@ A label whose method config names a released `checkpoint` is fetched (rule fetch
 On a cluster: `snakemake --profile profiles/slurm ...`; each rule's resources come from the preset's `resources`.
 """
 
-import hashlib
 import json
 import re
 import shlex
 import sys
 from pathlib import Path
 
-from harness.config.schema import resolve, load_method
-from harness.config.paths import SweepPaths, WARMSTART_LABEL, checkpoint_name
-from harness.forkserver import ForkServers
+from harness.config.kernels import shell_exports
+from harness.config.loading import require_sweep_keys, resolve
+from harness.config.paths import LABEL_PATTERN, SweepPaths, WARMSTART_LABEL, checkpoint_name, resolve_repo_path
+from harness.config.snapshot import digest, evaluation_config, train_job_config, warmstart_config, write_snapshot
 from harness.ops.resources import released_checkpoints, rule_resources, train_command
 
 
-configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
+# A bare `snakemake` runs the default sweep; with --configfile the sweep is that file alone (no default merged
+# underneath), so its own methods and seeds run, as `harness plan` says (resolve requires them).
+if not workflow.overwrite_configfiles:
+
+    configfile: str(Path(workflow.basedir) / "configs" / "sweeps" / "default.yaml")
 
 
+require_sweep_keys(config, ", ".join(map(str, workflow.overwrite_configfiles)) or "configs/sweeps/default.yaml")
 RESOLVED = resolve(dict(config))
 SWEEP = RESOLVED.sweep
 PRESET = RESOLVED.preset
 PATHS = SweepPaths(RESOLVED.results_dir)  # every path below comes from here (harness/config/paths.py)
-# The exact sweep mapping every job reads, rewritten only when it changes (its mtime then marks a real change).
+# The sweep mapping of this parse, for people and `harness power --pilot`; no job reads it.
 SWEEP_FILE = PATHS.sweep_file
 _sweep_text = json.dumps(dict(config), sort_keys=True, indent=1, default=str)
 if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
     SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
     SWEEP_FILE.write_text(_sweep_text)
-HARNESS = f"harness {{cmd}} --sweep {SWEEP_FILE}"
+# What every job of this DAG runs: the resolved sweep (preset and method specs included) in a file named by its
+# digest, never rewritten, so a later parse cannot change a running sweep's jobs; it names this checkout, whose code
+# the jobs must run (harness/config/snapshot.py). Each rule passes it as params.sweep, a Path: Snakemake does not
+# record a Path among a job's params, so whether a job reruns is decided by its own digest (cfg) and inputs, not by
+# every change anywhere in the sweep.
+SNAPSHOT = write_snapshot(RESOLVED, Path(workflow.basedir), PATHS.snapshots_dir)
+HARNESS = "harness {cmd} --sweep {{params.sweep:q}}"
 # Jobs find `harness` (and `accelerate`) next to the interpreter running Snakemake, whatever PATH the shell that
-# submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`.
-shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"; ")
+# submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`, and exports a
+# pinned preset's CPU kernel variables before any job imports torch (harness/config/kernels.py).
+shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"; "
+             + shell_exports(PRESET.cpu_kernels))
 
 CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
 BENCHES = sorted(PRESET.eval.benchmarks)
@@ -47,26 +60,24 @@ DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
                  if PRESET.data.kind == "hub" else ["train.jsonl", "eval.jsonl", "ood.jsonl"])]
 
 
-def digest(obj) -> str:
-    """A short hash of the configuration a job depends on: Snakemake reruns a job when its params change."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
+# A job reruns when its params.cfg (a digest of the configuration it depends on) or its inputs change
+# (harness/config/snapshot.py says what each digest leaves out: nothing that changes a result).
 PRESET_DICT = RESOLVED.to_dict()["preset"]
-# eval.job_scope groups jobs, train.fast_decode / eval.fast_decode decode the same tokens with less Python
-# (harness/model/decode.py): none changes a result, so they are left out and a sweep that sets them (or was run
-# before they existed) keeps its digests
-TRAIN_DIGEST = digest({k: {kk: vv for kk, vv in v.items() if kk != "fast_decode"} if k == "train" else v
-                       for k, v in PRESET_DICT.items() if k not in ("eval", "resources")})
-EVAL_DIGEST = digest({k: v for k, v in PRESET_DICT["eval"].items() if k not in ("job_scope", "fast_decode")})
+EVAL_DIGEST = digest(evaluation_config(RESOLVED))
+# user files the jobs read: their edits rerun the jobs that read them
+USER_DATA = [str(resolve_repo_path(PRESET.data.train_file))] if PRESET.data.kind in ("jsonl", "mixed") else []
+BENCH_FILES = sorted({str(PATHS.benchmark_data_file(b.file)) for b in PRESET.eval.benchmarks.values()})
 
 
 def method_digest(wildcards) -> str:
-    return digest([TRAIN_DIGEST, load_method(wildcards.method, search_dirs=SWEEP.method_config_dirs).params.__dict__])
+    """The label's training configuration; a train job runs only the labels the snapshot holds (the sweep's)."""
+    if wildcards.method not in RESOLVED.methods:
+        raise ValueError(f"label {wildcards.method!r} is not one of the sweep's methods {SWEEP.methods}: add it there")
+    return digest(train_job_config(RESOLVED, RESOLVED.methods[wildcards.method]))
 
 
 wildcard_constraints:
-    method=r"[A-Za-z0-9_\-]+",
+    method=LABEL_PATTERN,
     seed=r"\d+",
     ckpt=r"ckpt-\d{3}",
 
@@ -77,8 +88,8 @@ RES = rule_resources(PRESET)
 # Eval-only labels: their method config names a released `checkpoint`; the fetch rule writes their run.json.
 RELEASED = released_checkpoints(RESOLVED)
 _released_alternation = "|".join(re.escape(label) for label in RELEASED)
-TRAINED_LABEL = (rf"(?!(?:{_released_alternation})(?![A-Za-z0-9_\-]))[A-Za-z0-9_\-]+" if RELEASED
-                 else r"[A-Za-z0-9_\-]+")
+TRAINED_LABEL = (rf"(?!(?:{_released_alternation})(?![A-Za-z0-9_\-])){LABEL_PATTERN}" if RELEASED
+                 else LABEL_PATTERN)
 
 
 def eval_targets():
@@ -98,43 +109,25 @@ REPORT_OUTPUTS = [str(p) for p in PATHS.report_files()]
 REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}.yaml"
 
 
-# Jobs run on this machine: train and eval jobs run in children forked from a server per command that has imported
-# torch, transformers, TRL and lm-eval once (harness/forkserver.py; same results; HARNESS_FORK_SERVER=off: none).
-# A server's environment is the one Snakemake gives its rule's jobs (threads capped at --cores).
-FORK_SERVERS = ForkServers(PRESET.model.kind, PRESET.eval.backend, PATHS.logs_dir)
-
-
-onstart:
-    if workflow.local_exec and not workflow.remote_exec:  # (workflow.cores is only defined here)
-        # a train job under `accelerate launch` starts its own processes: no train server for it
-        served = {"train": min(PRESET.train.threads, workflow.cores)} if PRESET.train.launcher == "python" else {}
-        FORK_SERVERS.start({**served, "eval": min(PRESET.eval.threads, workflow.cores)})
-
-
-onsuccess:
-    FORK_SERVERS.stop()
-
-
-onerror:
-    FORK_SERVERS.stop()
-
-
 rule all:
     input:
         REPORT_OUTPUTS,
 
 
 rule data:
+    input:
+        USER_DATA,
     output:
         DATA_OUTPUTS,
     log:
         str(PATHS.log_file("data")),
     params:
         cfg=digest(PRESET_DICT["data"]),
+        sweep=SNAPSHOT,
     resources:
         **RES["data"],
     shell:
-        HARNESS.format(cmd="data") + " > {log} 2>&1"
+        HARNESS.format(cmd="data") + " > {log:q} 2>&1"
 
 
 rule warmstart:
@@ -147,12 +140,13 @@ rule warmstart:
     benchmark:
         str(PATHS.benchmark_file("warmstart"))
     params:
-        cfg=digest([PRESET_DICT["model"], PRESET_DICT["warmstart"], PRESET_DICT["data"]]),
+        cfg=digest(warmstart_config(RESOLVED)),
+        sweep=SNAPSHOT,
     threads: PRESET.warmstart.threads
     resources:
         **RES["warmstart"],
     shell:
-        HARNESS.format(cmd="warmstart") + " > {log} 2>&1"
+        HARNESS.format(cmd="warmstart") + " > {log:q} 2>&1"
 
 
 rule train:
@@ -166,6 +160,7 @@ rule train:
         str(PATHS.benchmark_file("train", METHOD, SEED))
     params:
         cfg=method_digest,
+        sweep=SNAPSHOT,
     wildcard_constraints:
         method=TRAINED_LABEL,
     threads: PRESET.train.threads
@@ -178,7 +173,7 @@ rule train:
         # `harness train`, or `accelerate launch ... -m harness.cli train` (train.launcher), optionally beside a
         # vLLM server (train.vllm_mode=server): harness.ops.resources.train_command
         train_command(PRESET, HARNESS.removeprefix("harness ").format(cmd="train")
-                      + " --method {wildcards.method} --seed {wildcards.seed}", PATHS.warmstart_dir)
+                      + " --method {wildcards.method} --seed {wildcards.seed}", PATHS.warmstart_dir, log="{log:q}")
 
 
 if RELEASED:
@@ -192,12 +187,13 @@ if RELEASED:
         params:
             checkpoint=lambda wildcards: RELEASED[wildcards.method],
             dtype=PRESET.model.dtype,
+            sweep=SNAPSHOT,
         wildcard_constraints:
             method="|".join(re.escape(label) for label in RELEASED),
         resources:
             **RES["fetch"],
         shell:
-            HARNESS.format(cmd="fetch") + " --method {wildcards.method} --seed {wildcards.seed} > {log} 2>&1"
+            HARNESS.format(cmd="fetch") + " --method {wildcards.method} --seed {wildcards.seed} > {log:q} 2>&1"
 
 
 def eval_input(wildcards):
@@ -217,6 +213,7 @@ if PRESET.eval.job_scope == "checkpoint":
         # one job per checkpoint (the warm start's among them): on a cluster the checkpoints run in parallel
         input:
             eval_input,
+            BENCH_FILES,
         output:
             eval_outputs(METHOD, SEED, [CKPT]),
         log:
@@ -225,12 +222,13 @@ if PRESET.eval.job_scope == "checkpoint":
             str(PATHS.benchmark_file("eval", METHOD, SEED, CKPT))
         params:
             cfg=EVAL_DIGEST,
+            sweep=SNAPSHOT,
         threads: PRESET.eval.threads
         resources:
             **RES["eval"],
         shell:
             HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt {wildcards.ckpt}"
-            " --bench all > {log} 2>&1"
+            " --bench all > {log:q} 2>&1"
 
 else:
 
@@ -239,6 +237,7 @@ else:
         # paid once); a new label or seed still adds only its own jobs, and each checkpoint keeps its own files
         input:
             RUN_FILE,
+            BENCH_FILES,
         output:
             eval_outputs(METHOD, SEED, CKPTS),
         log:
@@ -247,19 +246,21 @@ else:
             str(PATHS.benchmark_file("eval", METHOD, SEED))
         params:
             cfg=EVAL_DIGEST,
+            sweep=SNAPSHOT,
         wildcard_constraints:
-            method=rf"(?!{WARMSTART_LABEL}(?![A-Za-z0-9_\-]))[A-Za-z0-9_\-]+",
+            method=rf"(?!{WARMSTART_LABEL}(?![A-Za-z0-9_\-])){LABEL_PATTERN}",
         threads: PRESET.eval.threads
         resources:
             **RES["eval"],
         shell:
             HARNESS.format(cmd="eval") + " --label {wildcards.method} --seed {wildcards.seed} --ckpt "
-            + " ".join(CKPTS) + " --bench all > {log} 2>&1"
+            + " ".join(CKPTS) + " --bench all > {log:q} 2>&1"
 
     rule eval_warmstart:
         # the reference row: the warm start, evaluated like every checkpoint
         input:
             rules.warmstart.output,
+            BENCH_FILES,
         output:
             eval_outputs(WARMSTART_LABEL, "0", ["ckpt-000"]),
         log:
@@ -268,11 +269,12 @@ else:
             str(PATHS.benchmark_file("eval", WARMSTART_LABEL, 0, "ckpt-000"))
         params:
             cfg=EVAL_DIGEST,
+            sweep=SNAPSHOT,
         threads: PRESET.eval.threads
         resources:
             **RES["eval_warmstart"],
         shell:
-            HARNESS.format(cmd="eval") + f" --label {WARMSTART_LABEL} --seed 0 --ckpt ckpt-000 --bench all > {{log}} 2>&1"
+            HARNESS.format(cmd="eval") + f" --label {WARMSTART_LABEL} --seed 0 --ckpt ckpt-000 --bench all > {{log:q}} 2>&1"
 
 
 rule report:
@@ -284,7 +286,35 @@ rule report:
         REPORT_OUTPUTS,
     log:
         str(PATHS.log_file("report")),
+    params:
+        sweep=SNAPSHOT,
+        # the preset's A/A calibration (rule calibrate) by its content, so a new one reruns the report; not an input:
+        # that would tie every sweep of the preset to rule calibrate and its 8 seeds
+        calibration=[digest(p.read_text()) for p in [Path(workflow.basedir) / "configs" / "calibration"
+                                                      / f"{PRESET.name}.json"] if p.is_file()],
     resources:
         **RES["report"],
     shell:
-        HARNESS.format(cmd="report") + " > {log} 2>&1"
+        HARNESS.format(cmd="report") + " > {log:q} 2>&1"
+
+
+# The A/A calibration of this sweep's preset (issue #25; docs/statistics.md): `snakemake calibrate` trains and
+# evaluates the baseline alone with seeds 0..7 and writes configs/calibration/<preset>.json, the training noise
+# later reports of the preset pool with their own. Not part of `all`: run it once per preset and commit the file.
+CALIBRATION_SEEDS = list(range(8))
+CALIBRATION_LABEL = "uniform"
+
+
+rule calibrate:
+    input:
+        [str(PATHS.samples_file(CALIBRATION_LABEL, s, CKPTS[-1], b)) for s in CALIBRATION_SEEDS for b in BENCHES],
+    output:
+        str(Path(workflow.basedir) / "configs" / "calibration" / f"{PRESET.name}.json"),
+    log:
+        str(PATHS.log_file("calibrate")),
+    params:
+        sweep=SNAPSHOT,
+    resources:
+        **RES["report"],
+    shell:
+        HARNESS.format(cmd="calibrate") + f" --seeds {len(CALIBRATION_SEEDS)} --out {{output:q}} > {{log:q}} 2>&1"

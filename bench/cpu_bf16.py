@@ -10,7 +10,7 @@ own work, interleaved with float32 in one process, the order reversed every repe
 It also records the largest |log p_bf16 - log p_fp32| over the completion tokens: the numbers a bf16 sweep would
 change (it is a different run, not a faster copy of this one).
 
-Usage:  python bench/cpu_bf16.py [--repeats 8] [--threads 1] [--workdir DIR] [--results DIR]
+Usage:  python -m bench.cpu_bf16 [--repeats 8] [--threads 1] [--workdir DIR] [--results DIR]
 """
 
 from __future__ import annotations
@@ -20,18 +20,10 @@ import contextlib
 import sys
 import time
 
-from _common import (
-    Timer,
-    add_path_args,
-    environment,
-    fmt_ratio,
-    machine_state,
-    paired_ratio,
-    publish,
-    sample_rollouts,
-    table,
-    tiny_sweep,
-)
+from bench.fixtures import sample_rollouts, tiny_sweep
+from bench.machine import Timer, environment, machine_state
+from bench.publish import add_path_args, publish, table
+from bench.stats import fmt_ratio, paired_ratio
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -73,9 +65,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     import torch
 
-    from harness.config.schema import load_method
-    from harness.train.adapter import sampling_settings
+    from harness.config.loading import load_method
     from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import sampling_settings
 
     torch.set_num_threads(args.threads)
     resolved, paths = tiny_sweep(args.workdir, args.warmstart_steps)

@@ -1,17 +1,18 @@
 """What DAPO's dynamic sampling costs per step on the tiny preset: groups generated per group kept, and the step
 time against the same step without it.
 
-Variants (``bench/step_overhead.py``'s machinery: the trainer of a run, reset to the warm start before each block,
-torch's RNG seeded per (block, step)): ``uniform`` and ``uniform+ds`` (``train.dynamic_sampling.enabled=true``,
-``prompts_per_round`` = ``prompts_per_step`` unless ``--set`` says otherwise, at most 10 rounds). With the default
-round size both generate as many prompts in the first round (``uniform`` from TRL's sampler, ``uniform+ds`` from the
-dynamic sampling prompt stream, so other prompts), so the ratio is mostly the extra rounds' generation and scoring
-(the trained batch has the same size); blocks interleave A B, B A, ... and block 0 is warm-up.
+Variants (bench/trainer_variants.py, as in bench/step_overhead.py: the trainer of a run, reset to the warm start
+before each block, torch's RNG seeded per (block, step)): ``uniform`` and ``uniform+ds``
+(``train.dynamic_sampling.enabled=true``, ``prompts_per_round`` = ``prompts_per_step`` unless ``--set`` says
+otherwise, at most 10 rounds). With the default round size both generate as many prompts in the first round
+(``uniform`` from TRL's sampler, ``uniform+ds`` from the dynamic sampling prompt stream, so other prompts), so the
+ratio is mostly the extra rounds' generation and scoring (the trained batch has the same size); blocks interleave
+A B, B A, ... and block 0 is warm-up.
 
 Reported per pair (block, step): step wall ratio, generation wall ratio, generation FLOPs ratio (budget ledger), and
 for ``uniform+ds`` the groups generated / kept, the rounds and how often they ran out.
 
-Usage:  python bench/dynamic_sampling.py [--blocks 16] [--steps 1] [--set train.dynamic_sampling.prompts_per_round=32]
+Usage:  python -m bench.dynamic_sampling [--blocks 16] [--steps 1] [--set train.dynamic_sampling.prompts_per_round=32]
 """
 
 from __future__ import annotations
@@ -21,19 +22,11 @@ import statistics
 import sys
 import time
 
-from _common import (
-    add_path_args,
-    describe,
-    environment,
-    fmt_ratio,
-    machine_state,
-    paired_ratio,
-    sweep,
-    table,
-    update_summary,
-    write_result,
-)
-from step_overhead import build_variant, run_block
+from bench.fixtures import sweep
+from bench.machine import environment, machine_state
+from bench.publish import add_path_args, table, update_summary, write_result
+from bench.stats import describe, fmt_ratio, paired_ratio
+from bench.trainer_variants import build_variant, run_block
 
 VARIANTS = ("uniform", "uniform+ds")
 

@@ -6,16 +6,15 @@ prompts, TRL's sampling settings, scored with the preset's reward), sampled once
 in the work directory. Lengths: the preset's ``max_completion_length`` (64) and a longer one (default 256), closer
 to the regime of the paper (long completions, prompts a small share of the positions).
 
-What is measured is exactly the trainer's training side: ``harness.train.adapter.loss_inputs`` (the method hooks:
-NAT's ``before_forward`` draws the cut, the batch is truncated), the trainer's ``compute_loss`` (rows sorted by
+What is measured is exactly the trainer's training side: ``harness.train.trl.bench_probes.loss_inputs`` (the method
+hooks: NAT's ``before_forward`` draws the cut, the batch is truncated), the trainer's ``compute_loss`` (rows sorted by
 length and cut into chunks of ``train.forward_chunk_rows`` rows, each trimmed to its longest kept row; chunked token
 statistics) and ``loss.backward()``. The cut differs per repeat (``ctx.step = repeat``), so the saving averages over
 cuts. ``forward_chunk_rows`` is varied: the preset default (16: one chunk for 8 rollouts) and 1 (every row its own
-forward). ``train.padding_free`` is varied too (``--padding-free on,unshared,off``): on, each chunk's real tokens
-run as one packed sequence and the rollouts of one prompt share one copy of it (``train.share_prompts``, the
-defaults); unshared, packed with every row's own copy of its prompt; off, the chunk is padded to its longest kept
-row (before: with 16 rows per chunk NAT's cut then saved little, every chunk being as long as its longest kept
-prefix).
+forward). ``train.padding_free`` is varied too (``--padding-free on,unshared,off``): on, each chunk's real tokens run as
+one packed sequence and the rollouts of one prompt share one copy of it (``train.share_prompts``, the defaults);
+unshared, packed with every row's own copy of its prompt; off, the chunk is padded to its longest kept row (before: with
+16 rows per chunk NAT's cut then saved little, every chunk being as long as its longest kept prefix).
 
 Time: uniform and NAT, with and without padding, interleaved in one process (the order reversed every repeat),
 one warm-up round, medians over rounds; "uniform / padded" is packed uniform over padded uniform of the same round.
@@ -27,7 +26,7 @@ the activation part is that minus the gradients' bytes.
 
 Targets (paper, Qwen3-8B: 29% time and 18% memory): forward + backward time saved >= 25%, peak memory saved >= 15%.
 
-Usage:  python bench/nat_savings.py [--lengths 64,256] [--chunk-rows 16,1] [--repeats 5] [--mem-repeats 3]
+Usage:  python -m bench.nat_savings [--lengths 64,256] [--chunk-rows 16,1] [--repeats 5] [--mem-repeats 3]
         [--workdir DIR] [--results DIR]
 """
 
@@ -42,26 +41,11 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (
-    Timer,
-    add_path_args,
-    child_env,
-    current_rss_bytes,
-    describe,
-    environment,
-    fmt_ratio,
-    hwm_bytes,
-    machine_state,
-    paired_ratio,
-    reset_peak_rss,
-    ru_maxrss_bytes,
-    sample_rollouts,
-    sweep,
-    table,
-    update_summary,
-    verdict,
-    write_result,
-)
+from bench.fixtures import sample_rollouts, sweep
+from bench.machine import Timer, environment, machine_state
+from bench.memory import child_env, current_rss_bytes, hwm_bytes, reset_peak_rss, ru_maxrss_bytes
+from bench.publish import add_path_args, table, update_summary, verdict, write_result
+from bench.stats import describe, fmt_ratio, paired_ratio
 
 TIME_TARGET, MEMORY_TARGET = 0.25, 0.15
 PACKING_MODES = ("on", "unshared", "off")  # packed + shared prompts (the defaults), packed, padded
@@ -83,9 +67,10 @@ def ensure_batch(args, length: int) -> Path:
     settings of the run's trainer."""
     import torch
 
-    from harness.config.schema import load_method
-    from harness.train.adapter import reward_function, sampling_settings
+    from harness.config.loading import load_method
     from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import sampling_settings
+    from harness.train.trl.settings import reward_function
 
     path = batch_path(args.workdir, length, args.preset)
     if path.is_file():
@@ -121,7 +106,7 @@ class Harness:
     def __init__(self, args, chunk_rows: int, checkpointing: str = "on", padding_free: str = "on"):
         import torch
 
-        from harness.config.schema import load_method
+        from harness.config.loading import load_method
         from harness.train.run import build_trainer
         from methods.registry import get_method_class
 
@@ -151,7 +136,7 @@ class Harness:
 
     def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
         """The loss inputs of ``batch`` under ``variant``'s hooks; another NAT cut in every ``repeat``."""
-        from harness.train.adapter import loss_inputs
+        from harness.train.trl.bench_probes import loss_inputs
 
         trainer = self.trainer
         trainer.method = self.methods[variant]
@@ -165,7 +150,7 @@ class Harness:
     def forward_backward(self, inputs: dict) -> dict:
         inputs = dict(inputs)
         kept = inputs.pop("tokens_kept_frac")
-        ledger = self.trainer.step_ledger  # what the current step counted (closed at a real step's end)
+        ledger = self.trainer.accounting.step_ledger  # what the current step counted (closed at a real step's end)
         positions0, flops0 = ledger.trained_positions, ledger.flops["train"]
         self.model.zero_grad(set_to_none=True)
         with Timer() as timer:
@@ -237,9 +222,9 @@ def child(args) -> None:
 
 
 def memory_runs(length: int, chunk_rows: int, checkpointing: str, padding_free: str, variant: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--chunk-rows-one",
-           str(chunk_rows), "--checkpointing-one", checkpointing, "--padding-free-one", padding_free,
-           "--mem-repeats", str(args.mem_repeats),
+    cmd = [sys.executable, "-m", "bench.nat_savings", "--child", "--variant", variant, "--length", str(length),
+           "--chunk-rows-one", str(chunk_rows), "--checkpointing-one", checkpointing, "--padding-free-one",
+           padding_free, "--mem-repeats", str(args.mem_repeats),
            "--workdir", str(args.workdir), "--results", str(args.results), "--preset",
            args.preset, "--warmstart-steps", str(args.warmstart_steps), "--threads", str(args.threads)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())

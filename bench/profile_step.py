@@ -1,11 +1,11 @@
 """Profile of one training step: where a step of the harness (and of plain TRL) spends its time.
 
-Builds the same trainers as bench/step_overhead.py (same warm start, batch, seeding), runs one warm-up block, then
-profiles ``--steps`` steps of each variant twice: with cProfile (Python functions, cumulative time: hooks, token
-statistics, TRL's generation loop, logging) and with torch.profiler (operators, self CPU time). Writes the top entries
-to results/bench/profile_<preset>.json and prints them.
+Builds the same trainers as bench/step_overhead.py (bench/trainer_variants.py: same warm start, batch, seeding),
+runs one warm-up block, then profiles ``--steps`` steps of each variant twice: with cProfile (Python functions,
+cumulative time: hooks, token statistics, TRL's generation loop, logging) and with torch.profiler (operators, self
+CPU time). Writes the top entries to results/bench/profile_<preset>.json and prints them.
 
-Usage:  python bench/profile_step.py [--preset tiny|smol] [--variants trl,uniform] [--steps 3] [--top 30]
+Usage:  python -m bench.profile_step [--preset tiny|smol] [--variants trl,uniform] [--steps 3] [--top 30]
         [--workdir DIR] [--results DIR]
 """
 
@@ -19,14 +19,16 @@ import sys
 import time
 from pathlib import Path
 
-from _common import add_path_args, environment, sweep, write_result
-from step_overhead import build_variant, run_block
+from bench.fixtures import sweep
+from bench.machine import environment
+from bench.publish import add_path_args, write_result
+from bench.trainer_variants import build_variant, run_block
 
 # functions whose cumulative share of a step is worth tracking by name (substring of "file:line(function)")
 WATCH = {
     "generate (transformers)": "generation/utils.py", "_generate_and_score_completions": "_generate_and_score_compl",
     "reward scoring": "score_batch", "prepare_batch (hooks)": "prepare_batch", "_compute_loss": "(_compute_loss)",
-    "_chunked_statistics": "_chunked_statistics", "token_statistics": "(token_statistics)",
+    "Actor.statistics": "(statistics)", "token_statistics": "(token_statistics)",
     "model forward (LlamaForCausalLM)": "modeling_llama.py", "backward": "(backward)",
     "optimizer step": "(step_unless_skipped)", "TRL/Trainer log": "(log)", "_log_step_metrics": "_log_step_metrics",
     "BudgetCallback.on_step_end": "(on_step_end)", "BudgetCallback.on_log (metrics.jsonl)": "(on_log)",

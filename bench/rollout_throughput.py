@@ -1,8 +1,8 @@
 """Rollout throughput on CPU: transformers ``generate`` as TRL calls it in training, tokens per second.
 
-For each preset (tiny, smol): the warm-started model, one training step's prompts (``prompts_per_step`` prompts of
-the shuffled training set, each repeated ``num_generations`` times, left-padded), the sampling settings of the run's
-trainer (``harness.train.adapter.sampling_settings``: the preset's temperature, T = 1, ``max_completion_length`` new
+For each preset (tiny, smol): the warm-started model, one training step's prompts (``prompts_per_step`` prompts of the
+shuffled training set, each repeated ``num_generations`` times, left-padded), the sampling settings of the run's trainer
+(``harness.train.trl.bench_probes.sampling_settings``: the preset's temperature, T = 1, ``max_completion_length`` new
 tokens, KV cache), the preset's ``train.threads``. Repeat r takes the next step's prompts; repeat 0 is warm-up. The
 presets alternate (tiny, smol, tiny, ...), so load on the shared machine hits both alike.
 
@@ -19,7 +19,7 @@ eval settings, its synthetic eval split of ``data.synthetic.n_eval`` problems), 
 in alternating order; the samples must be identical. Reported: CPU ratios of lm-eval's generate calls
 (``HFLM._model_generate``) and of the whole evaluation.
 
-Usage:  python bench/rollout_throughput.py [--presets tiny,smol] [--repeats 6] [--threads N] [--compare-decode]
+Usage:  python -m bench.rollout_throughput [--presets tiny,smol] [--repeats 6] [--threads N] [--compare-decode]
         [--eval-repeats 8] [--workdir DIR] [--results DIR]
 """
 
@@ -33,18 +33,10 @@ import statistics
 import sys
 import time
 
-from _common import (
-    add_path_args,
-    describe,
-    environment,
-    fmt_ratio,
-    machine_state,
-    paired_ratio,
-    publish,
-    sample_rollouts,
-    sweep,
-    table,
-)
+from bench.fixtures import sample_rollouts, sweep
+from bench.machine import environment, machine_state
+from bench.publish import add_path_args, publish, table
+from bench.stats import describe, fmt_ratio, paired_ratio
 
 
 def setup(preset_name: str, args):
@@ -52,9 +44,9 @@ def setup(preset_name: str, args):
     and its sampling settings."""
     import torch  # noqa: F401
 
-    from harness.config.schema import load_method
-    from harness.train.adapter import sampling_settings
+    from harness.config.loading import load_method
     from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import sampling_settings
 
     resolved, paths = sweep(preset_name, args.workdir, args.warmstart_steps)
     preset = resolved.preset
@@ -133,11 +125,11 @@ def main(argv=None) -> dict:
 
 def compare_decode(presets: list[str], setups: dict, args) -> dict:
     """Per repeat and preset: the step's rollouts with plain generate and with harness.model.decode.generate (as
-    the training adapter runs it), in alternating order, from the same seed."""
+    the training trainer runs it), in alternating order, from the same seed."""
     import torch
 
     from harness.model import decode
-    from harness.train.adapter import class_forward_while_generating
+    from harness.train.trl.patches import class_forward_while_generating
 
     env = environment(args.cpu_free_flag)
     raw: dict[str, list[dict]] = {p: [] for p in presets}
@@ -192,7 +184,7 @@ def compare_eval(preset_name: str, args) -> dict:
 
     from lm_eval.models.huggingface import HFLM
 
-    from harness.config.schema import resolve
+    from harness.config.loading import resolve
     from harness.data.synthetic import generate_split
     from harness.evaluation.driver import evaluate_benchmark
 

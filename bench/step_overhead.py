@@ -1,9 +1,9 @@
 """Per-step time of the harness trainer against plain TRL, and of each method against the uniform baseline.
 
 Variants, all in one process, each its own trainer on its own copy of the warm-started model:
-- ``trl``: TRL's own ``GRPOTrainer`` (loss_type "dapo", beta 0) with the args of ``harness.train.adapter.grpo_config``
-  (same generation settings, batch, optimizer), the same reward function and prompts
-  (``harness.train.run.build_plain_trainer``);
+- ``trl``: TRL's own ``GRPOTrainer`` (loss_type "dapo", beta 0) with the args of
+  ``harness.train.trl.settings.grpo_config`` (same generation settings, batch, optimizer), the same reward function
+  and prompts (``harness.train.run.build_plain_trainer``);
 - ``uniform``, ``entropy``, ``gmts``, ``rsi``, ``ktae``, ``d3s``, ``nat``: the trainer of a run
   (``harness.train.run.build_trainer``) with the method config of configs/method/<label>.yaml and the
   ``BudgetCallback`` of a real run (budget never reached);
@@ -20,13 +20,13 @@ start, and before every step the torch RNG is seeded with (block, step): every v
 rollouts from the same weights, so a ratio compares the training side alone on identical batches. Block 0 is
 warm-up and is dropped. Ratios are per (block, step) pair; reported as the median with its interquartile range.
 
-Per step: wall (perf_counter) and CPU (process_time) seconds from ``on_step_begin`` to the end of the step's
-logging, split (``harness.train.adapter.PhaseProbe``) into generation (sampling, rewards, and for the harness its
-advantages and method hooks), loss forward and the rest (backward, clipping, optimizer, logging). The harness
-variants also record their budget ledger (analytic FLOPs per phase, positions trained), from which the expected
-ratio of D3S and NAT follows: they should be cheaper by the share of work they drop.
+Per step: wall (perf_counter) and CPU (process_time) seconds from ``on_step_begin`` to the end of the step's logging,
+split (``harness.train.trl.bench_probes.PhaseProbe``) into generation (sampling, rewards, and for the harness its
+advantages and method hooks), loss forward and the rest (backward, clipping, optimizer, logging). The harness variants
+also record their budget ledger (analytic FLOPs per phase, positions trained), from which the expected ratio of D3S and
+NAT follows: they should be cheaper by the share of work they drop.
 
-Usage:  python bench/step_overhead.py [--preset tiny|smol] [--blocks 9] [--steps 1] [--variants trl,uniform,...]
+Usage:  python -m bench.step_overhead [--preset tiny|smol] [--blocks 9] [--steps 1] [--variants trl,uniform,...]
         [--workdir DIR] [--results DIR]
 """
 
@@ -37,176 +37,18 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (
-    NEVER_REACHED_BUDGET,
-    add_path_args,
-    describe,
-    environment,
-    fmt_ratio,
-    machine_state,
-    paired_ratio,
-    sweep,
-    table,
-    update_summary,
-    verdict,
-    write_result,
-)
-from transformers import TrainerCallback
+from bench.fixtures import sweep
+from bench.machine import environment, machine_state
+from bench.publish import add_path_args, table, update_summary, verdict, write_result
+from bench.stats import describe, fmt_ratio, paired_ratio
+from bench.trainer_variants import build_variant, run_block
 
 ALL_VARIANTS = ["trl", "uniform", "entropy", "gmts", "rsi", "ktae", "d3s", "nat", "uniform+nogc"]
 OVERHEAD_TARGET = 1.05  # uniform vs trl (issue #9)
 SELECTION_TARGET = 1.02  # entropy/gmts/rsi/ktae vs uniform (issue #17; #9 asked 1.05)
-HOOKS = ("on_rollouts", "before_forward", "loss_positions", "token_weights")  # a method's per-step code
 DROPPING = ("d3s", "nat")  # expected below 1.0 by the share of training work they drop
-# variant suffix "+<option>" -> preset overrides; ds = DAPO's dynamic sampling (bench/dynamic_sampling.py), which
-# needs a budget that counts generation: samples, never reached
-# plaindecode = TRL's plain generate call instead of harness/model/decode.py (train.fast_decode=false)
-OPTIONS = {"nogc": ["train.activation_checkpointing=false"],
-           "ds": ["train.dynamic_sampling.enabled=true", "train.budget.kind=samples", "train.budget.amount=1e15"],
-           "plaindecode": ["train.fast_decode=false"]}
-# a block is one generation batch of one optimizer step (r = 1) whatever the preset takes (tiny: 2 mini-batches): a
-# ratio compares methods per optimizer step on the same rollouts; bench/protocol_cost.py measures mini-batch steps
-ONE_STEP_PER_GENERATION = ["train.mini_batches=1", "train.ppo_epochs=1"]
-DYNAMIC_SAMPLING_KEYS = ("dynamic_sampling/groups_generated", "dynamic_sampling/groups_with_signal",
-                         "dynamic_sampling/groups_kept", "dynamic_sampling/groups_filled", "dynamic_sampling/rounds",
-                         "dynamic_sampling/rounds_exhausted")
-
-
-@dataclass
-class Variant:
-    """A trainer, the warm-start weights it is reset to before each block, its step recorder, and the budget
-    progress its method's schedules see (None for TRL's own trainer, which has no budget)."""
-
-    name: str
-    trainer: object
-    pristine: dict
-    recorder: StepRecorder
-    progress: float | None
-
-
-def build_variant(variant: str, preset: str, args, progress: float | None, options: dict | None = None,
-                  folder: str = "step_overhead") -> Variant:
-    """``variant`` = a method label or ``trl``, optionally ``+<option>`` (a key of ``options``, default ``OPTIONS``:
-    preset overrides); its trainer built by the harness's factory, its output in ``<workdir>/<folder>/``."""
-    import torch
-
-    from harness.config.schema import load_method
-    from harness.train.run import build_plain_trainer, build_trainer
-
-    options = OPTIONS if options is None else options
-    label, _, option = variant.partition("+")
-    if option and option not in options:
-        raise ValueError(f"unknown variant option {option!r} (known: {', '.join(options)})")
-    overrides = [*ONE_STEP_PER_GENERATION, *args.set, *NEVER_REACHED_BUDGET, *options.get(option, [])]
-    resolved, paths = sweep(preset, args.workdir, args.warmstart_steps, overrides)
-    out_dir = args.workdir / folder / variant.replace("+", "_")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if label == "trl":
-        trainer = build_plain_trainer(resolved, paths, 0, out_dir)
-        progress = None
-    else:
-        metrics = out_dir / "metrics.jsonl"
-        metrics.unlink(missing_ok=True)
-        trainer = build_trainer(resolved, load_method(label), 0, paths, out_dir, metrics_path=metrics)
-        if resolved.preset.train.budget.kind != "steps":  # set_budget_progress counts steps; only D3S reads it
-            progress = None
-    pristine = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    torch.set_num_threads(resolved.preset.train.threads)
-    return Variant(variant, trainer, pristine, StepRecorder(trainer), progress)
-
-
-class StepRecorder(TrainerCallback):
-    """Per step: wall/CPU seconds from the step's start to its log, per phase (``PhaseProbe``), the rollouts'
-    lengths and digest, the budget ledger's change and a few logged metrics. At each step's start torch's RNG is
-    seeded from (block, step), so every variant samples identical rollouts."""
-
-    def __init__(self, trainer):
-        from harness.train.adapter import PhaseProbe
-
-        self.trainer = trainer
-        self.probe = PhaseProbe(trainer)
-        self.block = 0
-        self.steps: list[dict] = []
-        self._t0 = None
-        self.hooks_wall = 0.0
-        method = getattr(trainer, "method", None)  # TRL's own trainer has none
-        for hook in HOOKS if method is not None else ():
-            setattr(method, hook, self._timed(getattr(method, hook)))
-        trainer.add_callback(self)
-
-    def _timed(self, hook):
-        """The method's hook on this instance, its wall time added to the step's ``hooks_wall``."""
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return hook(*args, **kwargs)
-            finally:
-                self.hooks_wall += time.perf_counter() - started
-
-        return timed
-
-    def seed(self, step: int) -> int:
-        return 7919 * (self.block + 1) + step
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        import torch
-
-        torch.manual_seed(self.seed(state.global_step))  # identical rollouts in every variant
-        self.probe.reset()
-        self.hooks_wall = 0.0
-        self._ledger0 = _ledger_snapshot(getattr(self.trainer, "ledger", None))  # TRL's own trainer has none
-        self._t0 = (time.perf_counter(), time.process_time())
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self._t0 is None or not logs or "loss" not in logs:
-            return
-        wall, cpu = time.perf_counter() - self._t0[0], time.process_time() - self._t0[1]
-        seconds = self.probe.seconds
-        record = {"wall": wall, "cpu": cpu, "generation_wall": seconds["generation"]["wall"],
-                  "generation_cpu": seconds["generation"]["cpu"],
-                  "loss_forward_wall": seconds["loss_forward"]["wall"],
-                  "loss_forward_cpu": seconds["loss_forward"]["cpu"], "hooks_wall": self.hooks_wall,
-                  "completion_lengths": self.probe.completion_lengths, "rollouts_hash": self.probe.rollouts_digest}
-        ledger = getattr(self.trainer, "ledger", None)
-        if ledger is not None:
-            after = _ledger_snapshot(ledger)
-            record["ledger"] = {k: after[k] - self._ledger0[k] for k in after}
-        for key in ("tokens/weighted_frac", "rollouts/kept_frac", "method/tokens_kept_frac",
-                    "method/forward_length_frac", *DYNAMIC_SAMPLING_KEYS):
-            if key in logs:
-                record[key] = logs[key]
-        self.steps.append(record)
-        self._t0 = None
-
-
-def _ledger_snapshot(ledger) -> dict:
-    if ledger is None:
-        return {}
-    snap = {f"flops_{k}": v for k, v in ledger.flops.items()}
-    snap.update({f"seconds_{k}": v for k, v in ledger.seconds.items()})
-    snap.update(trained_positions=ledger.trained_positions, weighted_tokens=ledger.weighted_tokens,
-                generated_tokens=ledger.generated_tokens, samples=ledger.samples)
-    return snap
-
-
-def run_block(variant: Variant, block: int, steps: int) -> None:
-    """``steps`` optimizer steps of one variant from the warm start, on the prompts of ``block``."""
-    import torch
-
-    from harness.train.run import set_budget_progress, train_steps
-
-    trainer = variant.trainer
-    with torch.no_grad():
-        for name, tensor in trainer.model.state_dict().items():
-            tensor.copy_(variant.pristine[name])
-    if variant.progress is not None:  # budget progress seen by schedules (D3S): fixed, as at that point of a run
-        set_budget_progress(trainer, variant.progress)
-    variant.recorder.block = block
-    train_steps(trainer, steps, data_seed=1000 + block)  # other prompts in every block, same in every variant
 
 
 def main(argv=None) -> dict:

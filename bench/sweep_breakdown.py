@@ -5,10 +5,6 @@ train/<label>_seed<N>.tsv, eval/<label>_seed<N>_<ckpt>[_<bench>].tsv, with the c
 max_rss, max_vms, max_uss, max_pss (MB), io_in, io_out, mean_load, cpu_time. The rule is the sub-folder (or the file
 name at the top level). The sweep's own wall time is Snakemake's "Elapsed time" line in its log.
 
-Fork server: a job that ran in a child of a fork server (harness/forkserver.py, local sweeps) has a ``forked:``
-line in its log with the child's CPU seconds and peak RSS; Snakemake's benchmark file measured only the command that
-waited for it, so those two columns are taken from the line.
-
 Start-up: every ``harness`` subcommand prints one ``startup:`` line to its job log when its real work starts
 (harness/cli.py ``mark_startup``): CPU seconds of the process so far (interpreter start, imports, configuration)
 and wall seconds since the process started. The job log is ``logs/<same relative name>.log`` next to the
@@ -18,7 +14,7 @@ logs but no benchmark file, so they count for start-up only. Sweeps from before 
 Output: per rule jobs, total / mean / max seconds, CPU seconds, start-up CPU and wall seconds, max RSS; per method
 label for train and eval; the sum of job seconds against the elapsed time (how well the 2 cores were kept busy).
 
-Usage:  python bench/sweep_breakdown.py [--benchmarks results/default/benchmarks] [--log SNAKEMAKE_LOG]
+Usage:  python -m bench.sweep_breakdown [--benchmarks results/default/benchmarks] [--log SNAKEMAKE_LOG]
         [--logs <benchmarks>/../logs] [--results DIR]
 """
 
@@ -33,8 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import add_path_args, environment, publish, table
-
+from bench.machine import environment
+from bench.publish import add_path_args, publish, table
 from harness.config.paths import REPO_ROOT
 
 DEFAULT_BENCHMARKS = REPO_ROOT / "results" / "default" / "benchmarks"  # the default sweep's Snakemake benchmark files
@@ -68,16 +64,6 @@ def read_startup(log: Path) -> dict:
             "torch_threads": int(threads) if threads.isdigit() else None}
 
 
-FORKED_LINE = re.compile(r"^forked: pid=\d+ exit=-?\d+ cpu_s=(\S+) max_rss_mb=(\S+)", flags=re.M)
-
-
-def read_forked(log: Path | None) -> dict:
-    """A job that ran in a child of a fork server (harness/forkserver.py) has a ``forked:`` line with the child's
-    CPU seconds and peak RSS: Snakemake's benchmark measured only the command that waited for it."""
-    match = FORKED_LINE.search(log.read_text(errors="replace")) if log and log.is_file() else None
-    return {"forked_cpu_s": _float(match.group(1)), "forked_max_rss_mb": _float(match.group(2))} if match else {}
-
-
 def _rule_of(rel: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
@@ -94,15 +80,11 @@ def read_benchmarks(folder: Path, logs: Path | None = None) -> list[dict]:
             seen_logs.add(log)
         with open(path, newline="") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t"))
-        forked = read_forked(log)
         for i, row in enumerate(rows):  # one row per repeat of the benchmark directive (1 by default)
             job = {"rule": rule, "file": str(rel), "repeat": i, "label": _label(rule, path.stem),
                    "s": _float(row.get("s")), "cpu_time": _float(row.get("cpu_time")),
                    "max_rss_mb": _float(row.get("max_rss")), "max_uss_mb": _float(row.get("max_uss")),
-                   "mean_load": _float(row.get("mean_load")), "forked": bool(forked), **_no_startup(), **startup}
-            if forked:  # the child's CPU and peak RSS; USS (pages not shared with the server) was not measured
-                job.update(cpu_time=(job["cpu_time"] or 0.0) + forked["forked_cpu_s"],
-                           max_rss_mb=forked["forked_max_rss_mb"], max_uss_mb=None)
+                   "mean_load": _float(row.get("mean_load")), **_no_startup(), **startup}
             jobs.append(job)
     if logs and logs.is_dir():
         for log in sorted(logs.rglob("*.log")):
@@ -113,7 +95,7 @@ def read_benchmarks(folder: Path, logs: Path | None = None) -> list[dict]:
             rule = _rule_of(rel)
             jobs.append({"rule": rule, "file": str(rel), "repeat": 0, "label": _label(rule, log.stem), "s": None,
                          "cpu_time": None, "max_rss_mb": None, "max_uss_mb": None, "mean_load": None,
-                         "forked": False, **startup})
+                         **startup})
     return jobs
 
 
@@ -217,7 +199,6 @@ def main(argv=None) -> dict:
                            "logs": str(logs)},
               "environment": environment(args.cpu_free_flag), "log": log, "rules": rules, "by_label": by_label,
               "job_seconds_total": job_seconds, "startup_jobs": len(startup_cpu),
-              "forked_jobs": sum(1 for j in jobs if j.get("forked")),
               "startup_cpu_s_total": sum(startup_cpu) if startup_cpu else None,
               "startup_wall_s_total": sum(startup_wall) if startup_wall else None,
               "parallelism": job_seconds / log["elapsed_s"] if log.get("elapsed_s") else None, "jobs": jobs}
@@ -254,10 +235,6 @@ def summary_markdown(record: dict) -> str:
                   f"{record['startup_cpu_s_total']:.0f} CPU s, {record['startup_wall_s_total']:.0f} wall s"
                   + (f" = {100 * record['startup_wall_s_total'] / record['job_seconds_total']:.0f}% of the job "
                      "seconds." if record["job_seconds_total"] else "."), ""]
-    if record.get("forked_jobs"):
-        lines += [f"{record['forked_jobs']} jobs ran in children of a fork server (harness/forkserver.py): their "
-                  "start-up counts from the fork, their CPU seconds and max RSS come from the `forked:` line of the "
-                  "job log (the child's, plus the CPU of the command that waited for it).", ""]
     rows = [[rule, r["jobs"], _fmt(r["total_s"], 0), _fmt(r["mean_s"]), _fmt(r["max_s"]), _fmt(r["cpu_s"], 0),
              _fmt(r["startup_cpu_s"], 0), _fmt(r["startup_wall_s"], 0),
              ",".join(str(t) for t in r["torch_threads"]), _fmt(r["max_rss_mb"], 0),

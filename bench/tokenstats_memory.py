@@ -7,7 +7,7 @@ H = 576, SmolLM2-135M's LM head):
 - ``chunked+entropy``: the same with ``extras=("entropy",)``, what every method pays in training (entropy is
   logged for every method);
 - ``full``: ``log_softmax(hidden @ W.T)`` over the whole B x T x V tensor, gather, ``.sum().backward()``;
-- ``trl-kernel+entropy``: TRL's own fused LM head with entropy (``harness.train.adapter.trl_fused_log_probs``).
+- ``trl-kernel+entropy``: TRL's own fused LM head with entropy (``harness.train.trl.bench_probes.trl_fused_log_probs``).
 
 One fresh subprocess per (variant, length): it allocates the inputs (hidden states with grad, the LM head, the
 targets), records its resident set size as the baseline, resets the kernel's peak-RSS mark (``VmHWM``, by writing
@@ -19,7 +19,7 @@ Expected: ``full`` grows with T x V (4 bytes x V = 197 kB per position for each 
 variants with chunk_size x V (about 50 MB per live chunk tensor) plus the (T x H) hidden-state gradient, i.e. almost
 flat in T.
 
-Usage:  python bench/tokenstats_memory.py [--lengths 256,1024,4096] [--vocab 49152] [--hidden 576] [--chunk 256]
+Usage:  python -m bench.tokenstats_memory [--lengths 256,1024,4096] [--vocab 49152] [--hidden 576] [--chunk 256]
         [--results DIR]
 """
 
@@ -31,19 +31,9 @@ import subprocess
 import sys
 import time
 
-from _common import (
-    Timer,
-    add_path_args,
-    child_env,
-    current_rss_bytes,
-    environment,
-    hwm_bytes,
-    reset_peak_rss,
-    ru_maxrss_bytes,
-    table,
-    update_summary,
-    write_result,
-)
+from bench.machine import Timer, environment
+from bench.memory import child_env, current_rss_bytes, hwm_bytes, reset_peak_rss, ru_maxrss_bytes
+from bench.publish import add_path_args, table, update_summary, write_result
 
 VARIANTS = ("chunked", "chunked+entropy", "full", "trl-kernel+entropy")
 MB = 1024 * 1024
@@ -69,7 +59,7 @@ def child(args) -> None:
             logits = torch.nn.functional.linear(h, lm_head.weight).float()
             logp = torch.log_softmax(logits, dim=-1).gather(-1, t[..., None]).squeeze(-1)
         elif args.variant == "trl-kernel+entropy":  # TRL 1.16's fused LM head, what GRPOTrainer itself uses
-            from harness.train.adapter import trl_fused_log_probs
+            from harness.train.trl.bench_probes import trl_fused_log_probs
 
             logp = trl_fused_log_probs(h.reshape(-1, h.shape[-1]), lm_head.weight, t.reshape(-1), args.trl_vocab_chunk)
         else:
@@ -98,9 +88,9 @@ def child(args) -> None:
 
 
 def run_child(variant: str, length: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--variant", variant, "--length", str(length), "--rows",
-           str(args.rows), "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk", str(args.chunk),
-           "--threads", str(args.threads), "--trl-vocab-chunk", str(args.trl_vocab_chunk)]
+    cmd = [sys.executable, "-m", "bench.tokenstats_memory", "--child", "--variant", variant, "--length",
+           str(length), "--rows", str(args.rows), "--vocab", str(args.vocab), "--hidden", str(args.hidden),
+           "--chunk", str(args.chunk), "--threads", str(args.threads), "--trl-vocab-chunk", str(args.trl_vocab_chunk)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=child_env())
     return json.loads(done.stdout.strip().splitlines()[-1])
 

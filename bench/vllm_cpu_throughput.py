@@ -9,7 +9,7 @@ Rollouts: one training step's rollouts per repeat (``prompts_per_step`` prompts 
 - ``vllm``: as TRL's colocated engine samples them with ``train.use_vllm=true, train.vllm_device=cpu`` (one
   in-process engine, the policy's dtype, eager, ``max_num_batched_tokens=4096``, one request per rollout with
   ``n=1``), plus the per-step weight sync of that path (vLLM's ``reload_weights`` with the policy's parameters, as
-  ``harness.train.adapter.reload_into_cpu_engine`` does): ``vllm_s`` is generation + sync.
+  ``harness.train.trl.vllm.reload_into_cpu_engine`` does): ``vllm_s`` is generation + sync.
 Both at the preset's ``train.threads`` torch threads, alternating hf, vllm / vllm, hf per repeat (repeat 0 is
 warm-up), on the same prompts.
 
@@ -17,7 +17,7 @@ Eval: ``harness eval`` of the warm start with ``eval.backend=hf`` and ``eval.bac
 (lm-eval, greedy + k samples per problem), alternating hf, vllm / vllm, hf; wall seconds of the whole job (start-up
 included: the vLLM engine's start is part of what an eval job costs) and generated tokens per second over it.
 
-Usage:  python bench/vllm_cpu_throughput.py [--presets tiny,smol] [--repeats 4] [--eval-repeats 2]
+Usage:  python -m bench.vllm_cpu_throughput [--presets tiny,smol] [--repeats 4] [--eval-repeats 2]
         [--eval-limit 8] [--workdir DIR] [--results DIR]
 """
 
@@ -32,19 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (
-    REPO_ROOT,
-    add_path_args,
-    describe,
-    environment,
-    machine_state,
-    paired_ratio,
-    sample_rollouts,
-    sweep,
-    table,
-    update_summary,
-    write_result,
-)
+from bench.fixtures import sample_rollouts, sweep
+from bench.machine import environment, machine_state
+from bench.publish import add_path_args, table, update_summary, write_result
+from bench.stats import describe, paired_ratio
+from harness.config.paths import REPO_ROOT
 
 
 def setup(preset_name: str, args):
@@ -53,9 +45,9 @@ def setup(preset_name: str, args):
     import torch
     from vllm import LLM, SamplingParams
 
-    from harness.config.schema import load_method
-    from harness.train.adapter import sampling_settings
+    from harness.config.loading import load_method
     from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import sampling_settings
 
     resolved, paths = sweep(preset_name, args.workdir, args.warmstart_steps)
     preset = resolved.preset

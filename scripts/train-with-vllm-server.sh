@@ -8,6 +8,10 @@
 #
 # MODEL_DIR is the starting policy (the server loads it; TRL pushes the trained weights before each generation);
 # MAX_MODEL_LEN 0 = the model's own context. The server stops when the command ends.
+#
+# The server authenticates no one and accepts new weights from whoever reaches it, so it listens on the loopback
+# address only: HARNESS_VLLM_HOST (default 127.0.0.1) changes the address it binds, which the training command
+# then connects to (docs/cluster-security.md: what loopback does not cover on a shared node, and what does).
 set -euo pipefail
 if [ $# -lt 7 ] || [ "$6" != "--" ]; then
   echo "usage: $0 MODEL_DIR SERVER_GPUS GPU_MEMORY_UTILIZATION MAX_MODEL_LEN SERVER_LOG -- COMMAND..." >&2
@@ -15,6 +19,7 @@ if [ $# -lt 7 ] || [ "$6" != "--" ]; then
 fi
 model_dir=$1 server_gpus=$2 memory=$3 max_len=$4 server_log=$5
 shift 6
+host=${HARNESS_VLLM_HOST:-127.0.0.1}
 
 # the GPUs of this job: SLURM (or the user) sets CUDA_VISIBLE_DEVICES; otherwise every GPU nvidia-smi lists
 visible=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}
@@ -35,13 +40,15 @@ for s in socks:
 print(*(s.getsockname()[1] for s in socks))
 EOF
 )
+# the trainer reaches a server bound to every address (0.0.0.0) through loopback
 export HARNESS_VLLM_SERVER_PORT=$server_port HARNESS_VLLM_GROUP_PORT=$group_port
+export HARNESS_VLLM_SERVER_HOST=$([ "$host" = 0.0.0.0 ] && echo 127.0.0.1 || echo "$host")
 
 max_len_args=()
 if [ "$max_len" != 0 ]; then max_len_args=(--max_model_len "$max_len"); fi
-echo "vLLM server on GPU(s) $serve_gpus, port $server_port; training on GPU(s) $train_gpus" >&2
+echo "vLLM server on GPU(s) $serve_gpus, $host port $server_port (weight sync port $group_port); training on GPU(s) $train_gpus" >&2
 CUDA_VISIBLE_DEVICES=$serve_gpus trl vllm-serve --model "$model_dir" --tensor_parallel_size "$server_gpus" \
-  --host 127.0.0.1 --port "$server_port" --gpu_memory_utilization "$memory" "${max_len_args[@]}" \
+  --host "$host" --port "$server_port" --gpu_memory_utilization "$memory" "${max_len_args[@]}" \
   > "$server_log" 2>&1 &
 server_pid=$!
 trap 'kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true' EXIT

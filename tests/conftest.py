@@ -1,9 +1,16 @@
-"""Shared fixtures: a tiny random char-level Llama saved as a model directory."""
+"""Shared fixtures: a tiny random char-level Llama saved as a model directory, a tiny sweep, and the one way tests
+build a ``TargetedGRPOTrainer`` (``build_grpo_trainer``)."""
 
+import os
 from pathlib import Path
 
-import pytest
-import torch
+from harness.config.kernels import PINNED_ENV
+
+# the tiny preset's pinned CPU kernels, set before anything imports torch (torch reads them once)
+os.environ.update(PINNED_ENV)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,8 +33,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_sweep(tmp_path_factory):
     """A tiny preset sweep with its data and a 10-step warm start: (overrides, SweepPaths)."""
+    from harness.config.loading import resolve
     from harness.config.paths import SweepPaths
-    from harness.config.schema import resolve
     from harness.data.prepare import prepare_data
     from harness.model.warmstart import warmstart
 
@@ -43,3 +50,21 @@ def tiny_sweep(tmp_path_factory):
     prepare_data(resolved, paths)
     warmstart(resolved, paths)
     return overrides, paths
+
+
+def build_grpo_trainer(model_dir: Path, out_dir: Path, preset, prompts: list[dict], reward_funcs: list,
+                       method="uniform", seed: int = 0):
+    """A ``TargetedGRPOTrainer`` as a run builds it, on the policy of ``model_dir`` and the ``prompts`` rows
+    (``prompt``, ``answer``): ``method`` a registered name or a ``Method``; TRL's output under ``out_dir``."""
+    from datasets import Dataset
+
+    from harness.model.checkpoints import load_policy
+    from harness.train.trl.settings import grpo_config
+    from harness.train.trl.trainer import TargetedGRPOTrainer
+    from methods.registry import get_method_class
+
+    model, tokenizer = load_policy(model_dir)
+    return TargetedGRPOTrainer(model=model, processing_class=tokenizer, train_dataset=Dataset.from_list(prompts),
+                               reward_funcs=reward_funcs, args=grpo_config(preset, out_dir, seed=seed),
+                               method=get_method_class(method)() if isinstance(method, str) else method,
+                               preset=preset, run_seed=seed)

@@ -16,8 +16,9 @@ from datasets import Dataset
 
 from harness.config.schema import PresetConfig
 from harness.model.checkpoints import load_policy
-from harness.train.adapter import TargetedGRPOTrainer, grpo_config
 from harness.train.dynamic_sampling import PromptStream
+from harness.train.trl.settings import grpo_config
+from harness.train.trl.trainer import TargetedGRPOTrainer
 from methods.registry import get_method_class
 
 PROMPTS, ROUND, SEED = 16, 4, 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.config.loading import dump_yaml
 from harness.config.paths import SweepPaths, checkpoint_name
 from harness.config.schema import (
     BenchmarkConfig,
@@ -20,7 +21,6 @@ from harness.config.schema import (
     Resolved,
     SweepConfig,
     TrainConfig,
-    dump_yaml,
 )
 
 LABELS = {"uniform": ("uniform", 0, 0.3), "uniform-aa": ("uniform", 100, 0.3), "entropy": ("entropy", 0, 2.5)}

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from harness.config.schema import load_method, resolve
+from harness.config.loading import load_method, resolve
 from harness.train.budget import BudgetLedger, ModelShape, causal_pairs, forward_flops, generation_flops
 from harness.train.run import run_training
 
@@ -176,7 +176,7 @@ def test_a_run_killed_after_its_last_step_resumes_to_the_same_end(tiny_sweep, me
 
 
 def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
-    from harness.train.adapter import LEDGER_FILE
+    from harness.train.budget import LEDGER_FILE
     from harness.train.run import last_complete_checkpoint
 
     for step, key in ((2, "this"), (4, "this"), (6, None), (8, "other")):

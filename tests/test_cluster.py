@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import ConfigError, JobResources, resolve
+from harness.config.schema import ConfigError, JobResources
 from harness.ops.resources import (
     format_plan,
     job_counts,
@@ -108,7 +109,8 @@ def test_vllm_server_mode_gives_the_server_its_own_gpus():
 
 
 def test_grpo_config_maps_the_vllm_settings_and_splits_the_batch_over_processes(monkeypatch):
-    from harness.train.adapter import grpo_config, per_device_rollouts, vllm_settings
+    from harness.config.launch import per_device_rollouts
+    from harness.train.trl.settings import grpo_config, vllm_settings
 
     preset = _preset("paper-ktae")
     monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process here; accelerate launch sets it per process
@@ -315,8 +317,8 @@ def test_shell_scripts_parse():
 
 
 def test_fetch_saves_a_local_checkpoint_as_an_eval_only_run(tiny_model_dir, tmp_path):
+    from harness.config.loading import load_method
     from harness.config.paths import SweepPaths
-    from harness.config.schema import load_method
     from harness.ops.fetch import fetch_checkpoint, split_checkpoint
 
     methods = tmp_path / "methods"

@@ -1,9 +1,12 @@
 """Configuration: every bad input stops the run at start with the dotted key and what is allowed."""
 
+import dataclasses
+
 import pytest
 
+from harness.config.loading import load_method, resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import ConfigError, load_method, resolve
+from harness.config.schema import ConfigError
 
 DEFAULT = REPO_ROOT / "configs" / "sweeps" / "default.yaml"
 
@@ -40,12 +43,12 @@ def test_unknown_top_level_key_lists_allowed_ones():
 
 def test_unknown_preset_lists_known_presets():
     with pytest.raises(ConfigError, match="no preset 'huge'.*tiny"):
-        resolve({"name": "x", "preset": "huge"})
+        resolve({"name": "x", "preset": "huge", "methods": ["uniform"], "seeds": [0]})
 
 
 def test_unknown_method_label_lists_known_labels():
     with pytest.raises(ConfigError, match="unknown method label 'gmtz'.*known labels.*gmts"):
-        resolve({"name": "x", "preset": "tiny", "methods": ["uniform", "gmtz"]})
+        resolve({"name": "x", "preset": "tiny", "methods": ["uniform", "gmtz"], "seeds": [0]})
 
 
 def test_method_field_out_of_range_names_the_file():
@@ -54,8 +57,8 @@ def test_method_field_out_of_range_names_the_file():
 
 
 def test_snakemake_style_overrides_nested_and_set_string():
-    resolved = resolve({"name": "x", "preset": "tiny", "train": {"learning_rate": "3e-4"},
-                        "set": "eval.k=2 train.budget.amount=5"})
+    resolved = resolve({"name": "x", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
+                        "train": {"learning_rate": "3e-4"}, "set": "eval.k=2 train.budget.amount=5"})
     assert resolved.preset.train.learning_rate == 3e-4
     assert resolved.preset.eval.k == 2
     assert resolved.preset.train.budget.amount == 5
@@ -78,14 +81,15 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
 def test_schema_choices_are_the_owners_names():
     from harness.config import choices
+    from harness.config.declaration import declared
     from harness.config.schema import BenchmarkConfig, BudgetConfig, PresetConfig, TrainConfig
     from methods.base import AGGREGATIONS
 
-    assert TrainConfig.CHOICES["aggregation"] is AGGREGATIONS
-    assert TrainConfig.CHOICES["reward"] is choices.SCORERS
-    assert BenchmarkConfig.CHOICES["scorer"] is choices.SCORERS
-    assert BudgetConfig.CHOICES["kind"] is choices.BUDGET_KINDS
-    assert PresetConfig.CHOICES["prompt_template"] is choices.PROMPT_TEMPLATES
+    assert declared(TrainConfig, "aggregation").choices is AGGREGATIONS
+    assert declared(TrainConfig, "reward").choices is choices.SCORERS
+    assert declared(BenchmarkConfig, "scorer").choices is choices.SCORERS
+    assert declared(BudgetConfig, "kind").choices is choices.BUDGET_KINDS
+    assert declared(PresetConfig, "prompt_template").choices is choices.PROMPT_TEMPLATES
 
 
 def test_every_prompt_template_renders():
@@ -117,3 +121,47 @@ def test_every_scorer_and_budget_kind_is_implemented():
     assert {kind: ledger.spent(kind) for kind in BUDGET_KINDS}["steps"] == 3.0
     with pytest.raises(ValueError, match="budget kind must be one of"):
         ledger.spent("joules")
+
+
+# --- one declaration per setting, and the reference generated from them -------------------------------------------
+
+
+def schema_fields(cls: type) -> list:
+    """(class, field) of every field of a schema class and of the schemas nested in it."""
+    out = []
+    for f in dataclasses.fields(cls):
+        out.append((cls, f))
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            out += schema_fields(type(default))
+    return out
+
+
+def test_every_setting_is_declared_with_its_documentation():
+    from harness.config.declaration import declaration
+    from harness.config.schema import BenchmarkConfig, PresetConfig, SweepConfig
+
+    fields = [*schema_fields(SweepConfig), *schema_fields(PresetConfig), *schema_fields(BenchmarkConfig)]
+    undocumented = [f"{cls.__name__}.{f.name}" for cls, f in fields if not declaration(f).doc
+                    and not (f.default_factory is not dataclasses.MISSING
+                             and dataclasses.is_dataclass(f.default_factory()))]
+    assert undocumented == []
+
+
+def test_a_list_default_is_not_shared_between_instances():
+    from harness.config.schema import SweepConfig
+
+    first, second = SweepConfig(), SweepConfig()
+    first.methods.append("entropy")
+    assert second.methods == ["uniform"]
+
+
+def test_the_committed_config_reference_is_generated_from_the_declarations():
+    from harness.config.reference import reference
+
+    generated = reference()
+    for key in ("train.budget.checkpoint_fractions", "eval.benchmarks.<name>.scorer", "resources.train.gpus"):
+        assert f"| `{key}` |" in generated
+    assert "| `q` | float | `0.5` |  | URS inclusion probability" in generated  # a method field's docstring
+    committed = (REPO_ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
+    assert committed == generated, "stale: run python -m harness.config.reference > docs/config-reference.md"

@@ -38,7 +38,7 @@ def train_two_processes(tiny_sweep, root, backward_chunk_rows: int, extra: tuple
                 f"train.backward_chunk_rows={backward_chunk_rows}",
                 *extra]
     sweep = root / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny"}))
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny", "methods": ["uniform"], "seeds": [0]}))
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "harness.cli", "train",
                "--sweep", str(sweep), "--method", "entropy", "--seed", "0", *[f"--set={o}" for o in settings]]

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from conftest import build_grpo_trainer
 
-from harness.config.schema import ConfigError, PresetConfig, load_method, resolve
-from harness.model.checkpoints import load_policy
-from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
+from harness.config.loading import load_method, resolve
+from harness.config.schema import ConfigError, PresetConfig
 from harness.train.budget import ModelShape
 from harness.train.dynamic_sampling import GroupCollector, PromptStream, concat_rollouts, groups_with_signal
+from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX
 from harness.train.run import run_training
-from methods.registry import get_method_class
 
 SWEEPS = Path(__file__).resolve().parent.parent / "configs" / "sweeps"
 # prompts whose answer is "mixed" get rewards 0, 1, 0, 1, ... over their rollouts (signal); the others all 0
@@ -41,28 +40,17 @@ def make_trainer(model_dir, tmp_path, prompts=PROMPTS, method="uniform", **train
             preset.train.dynamic_sampling if key in ("prompts_per_round", "max_generation_rounds") else preset.train
         )
         setattr(target, key, value)
-    model, tokenizer = load_policy(model_dir)
-    trainer = TargetedGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        reward_funcs=[mixed_reward],
-        args=grpo_config(preset, tmp_path, seed=0),
-        train_dataset=Dataset.from_list(prompts),
-        method=get_method_class(method)(),
-        preset=preset,
-        run_seed=0,
-    )
-    return trainer
+    return build_grpo_trainer(model_dir, tmp_path, preset, prompts, [mixed_reward], method)
 
 
 def record_trained_batches(trainer) -> list[dict]:
-    seen, compute_loss = [], trainer._compute_loss
+    seen, policy_loss = [], trainer.actor.policy_loss
 
-    def recording(model, inputs):
+    def recording(model, inputs, ctx):
         seen.append({k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
-        return compute_loss(model, inputs)
+        return policy_loss(model, inputs, ctx)
 
-    trainer._compute_loss = recording
+    trainer.actor.policy_loss = recording
     return seen
 
 
@@ -294,14 +282,14 @@ def test_every_generated_group_is_in_the_ledger_by_hand(tiny_model_dir, tmp_path
     tokenizer = trainer.processing_class
     vocab = len(tokenizer)
     # conftest's model: one layer, d = 32, MLP 64: q, k, v, o = 4 x 32 x 32, gate, up, down = 3 x 32 x 64
-    assert trainer.model_shape == ModelShape(n_body=10240, n_head=vocab * 32, n_layers=1, d_model=32)
+    assert trainer.accounting.model_shape == ModelShape(n_body=10240, n_head=vocab * 32, n_layers=1, d_model=32)
     expected, samples = 0.0, 0
     for r in rounds:
         for p, c in zip(r["prompt_mask"].sum(dim=1).tolist(), r["completion_mask"].sum(dim=1).tolist(), strict=True):
             n = p + c  # prefill + one position per generated token; logits for generated ones; causal pairs
             expected += 2 * 10240 * n + 2 * vocab * 32 * c + 4 * 1 * 32 * n * (n + 1) // 2
             samples += 1
-    ledger = trainer.step_ledger
+    ledger = trainer.accounting.step_ledger
     assert ledger.flops["generation"] == pytest.approx(expected, rel=1e-12)
     assert ledger.samples == samples == 12 * len(rounds)  # every rollout generated, discarded ones too
 
@@ -311,7 +299,7 @@ def test_rounds_are_capped_and_the_step_says_so(tiny_model_dir, tmp_path, caplog
     trainer = make_trainer(tiny_model_dir, tmp_path, prompts=no_signal, max_generation_rounds=3, mini_batches=2)
     trainer.args.max_steps = 2
     seen = record_trained_batches(trainer)
-    with caplog.at_level("WARNING", logger="harness.train.adapter"):
+    with caplog.at_level("WARNING", logger="harness.train.trl.trainer"):
         trainer.train()
     record = next(r for r in trainer.state.log_history if "dynamic_sampling/rounds" in r)
     assert record["dynamic_sampling/rounds"] == 3 and record["dynamic_sampling/rounds_exhausted"] == 1

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import ConfigError, resolve
+from harness.config.schema import ConfigError
 from harness.report.fidelity import REQUIRED_ELEMENTS, load_fidelity
 
 SWEEPS = REPO_ROOT / "configs" / "sweeps"

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.cli import main as harness_main
+from harness.config.loading import resolve
 from harness.config.paths import CONFIG_DIR, SweepPaths
-from harness.config.schema import ConfigError, column_path_parts, resolve
+from harness.config.schema import ConfigError, column_path_parts
 from harness.data.files import DataFileError, read_checksums, read_json, read_jsonl, sha256_file
 from harness.data.hub import source_checksums, strip_dapo_instruction
 from harness.data.prepare import prepare_data, read_train_split
@@ -77,8 +78,8 @@ def sweep(tmp_path: Path, content: bytes | None = None, **hub) -> dict:
     """The paper-8020 sweep with its results under tmp_path and the preset's sha256 pin set to ``content``'s."""
     if content is not None:
         hub.setdefault("sha256", [f"{hashlib.sha256(content).hexdigest()}  {FILE}"])
-    return {"name": "hubtest", "preset": "paper-8020", "results_dir": str(tmp_path / "results"),
-            "data": {"hub": hub}}
+    return {"name": "hubtest", "preset": "paper-8020", "methods": ["uniform"], "seeds": [0],
+            "results_dir": str(tmp_path / "results"), "data": {"hub": hub}}
 
 
 def prepare(config: dict, overrides: list[str] | None = None):
@@ -227,7 +228,7 @@ def test_incomplete_hub_settings_are_config_errors(tmp_path):
 
 def test_a_run_records_the_hub_checksums(tmp_path, offline_hub, tiny_sweep):
     """A tiny run on hub rows: run.json's data_sha256 holds train.jsonl and each source file of the hub."""
-    from harness.config.schema import load_method
+    from harness.config.loading import load_method
     from harness.train.run import run_training
 
     overrides, tiny_paths = tiny_sweep
@@ -249,10 +250,11 @@ def test_a_run_records_the_hub_checksums(tmp_path, offline_hub, tiny_sweep):
 
 def test_every_transform_name_is_implemented():
     from harness.config import choices
+    from harness.config.declaration import declared
     from harness.config.schema import HubDataConfig
     from harness.data.hub import PROBLEM_TRANSFORMS
 
-    assert HubDataConfig.CHOICES["problem_transform"] is choices.HUB_PROBLEM_TRANSFORMS
+    assert declared(HubDataConfig, "problem_transform").choices is choices.HUB_PROBLEM_TRANSFORMS
     assert tuple(PROBLEM_TRANSFORMS) == choices.HUB_PROBLEM_TRANSFORMS
 
 

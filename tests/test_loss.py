@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import verl_policy_loss
 
 from harness.train.loss import (
     KL_ESTIMATORS,
@@ -19,25 +20,6 @@ from harness.train.loss import (
     policy_loss,
     ratio_of,
 )
-
-
-def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_ratio_c):
-    """verl's compute_policy_loss ("vanilla", token-mean), written out from its equations: ratio from the log-ratio
-    clamped to +-20, pg_losses = max(-A r, -A clip(r)); for A < 0 min(that, -A c) (dual-clip); masked token mean.
-    clip_ratio_c = inf turns the dual-clip off."""
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-    pg_clipfrac = (torch.gt(pg_losses2, pg_losses1).float() * response_mask).sum() / response_mask.sum()
-    pg_losses3 = -advantages * clip_ratio_c
-    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-    lower = torch.gt(clip_pg_losses1, pg_losses3) * (advantages < 0).float()
-    pg_clipfrac_lower = (lower * response_mask).sum() / response_mask.sum()
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    pg_loss = (pg_losses * response_mask).sum() / response_mask.sum()
-    return pg_loss, pg_clipfrac, pg_clipfrac_lower
 
 
 def test_hand_computed_tokens():

@@ -1,5 +1,5 @@
-"""Loss normalisation across processes and verl's legacy micro-batches (harness/train/micro_batches.py, the
-adapter's ``_normalised``).
+"""Loss normalisation across processes and verl's legacy micro-batches (harness/train/micro_batches.py,
+``Actor.normalised``).
 
 The oracle of the micro-batch weighting is verl's dp_actor restated here from its equations (KTAE's verl,
 dp_actor.py:265-333): each micro-batch's loss is ``agg_loss`` token-mean over its own response (x selection) mask,
@@ -13,9 +13,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import verl_micro_batch_loss
 
-from harness.config.schema import PresetConfig, TrainConfig
-from harness.train.adapter import TargetedGRPOTrainer
+from harness.config.schema import TrainConfig
+from harness.train.actor import Actor
 from harness.train.hooks import denominator_parts, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, loss_of_rows
 from harness.train.micro_batches import (
@@ -26,16 +27,6 @@ from harness.train.micro_batches import (
 )
 from methods.base import StepContext, TokenStats, aggregation_row_denominators, aggregation_weights
 from methods.registry import get_method_class
-
-
-def verl_micro_batch_loss(per_token, mask, micro_batches, mini_batch_rows):
-    """dp_actor with use_dynamic_bsz: sum over micro-batches of masked_mean(l, mask) x len(mb) / mini-batch rows."""
-    total = per_token.new_zeros(())
-    for members in micro_batches:
-        rows = torch.tensor(members)
-        terms, m = per_token[rows], mask[rows]
-        total = total + (terms * m).sum() / (m.sum() + 1e-8) * (len(members) / mini_batch_rows)
-    return total
 
 
 def effective_weights(loss_of_per_token, shape):
@@ -116,18 +107,18 @@ def test_micro_batch_weights_are_verls_and_sum_to_the_nonempty_share(rows, extra
             torch.testing.assert_close(ours, (whole / denominator).double(), rtol=1e-5, atol=1e-9)
 
 
-# --- the adapter: one mean over every process, or verl's micro-batches ----------------------------------------------
+# --- the actor: one mean over every process, or verl's micro-batches -----------------------------------------------
 
-def fake_trainer(method, processes, others=None, micro_batch_tokens=0, beta=0.1):
-    """What ``TargetedGRPOTrainer._normalised`` reads of the trainer; the all-reduce adds the other processes'
-    local sums (``others``) and the max over processes is this process's count."""
-    preset = PresetConfig(name="test")
-    preset.train = TrainConfig(max_completion_length=8, loss_micro_batch_tokens=micro_batch_tokens, beta=beta)
+def fake_actor(method, processes, others=None, micro_batch_tokens=0, beta=0.1):
+    """An actor (no model, no trainer) whose all-reduce adds the other processes' local sums (``others``) and whose
+    max over processes is this process's count; ``actor.logged`` holds what it logs."""
+    train = TrainConfig(max_completion_length=8, loss_micro_batch_tokens=micro_batch_tokens, beta=beta)
     logged = {}
-    accelerator = SimpleNamespace(num_processes=processes, device=torch.device("cpu"),
-                                  reduce=lambda t, reduction: t + sum(others))
-    return SimpleNamespace(preset=preset, accelerator=accelerator, method=method, max_over_processes=lambda v: v,
-                           _log_train=lambda name, value: logged.setdefault(name, value), logged=logged)
+    fake_processes = SimpleNamespace(num_processes=processes, device=torch.device("cpu"),
+                                     sum=lambda t: t + sum(others), max=lambda v: v)
+    actor = Actor(method, train, None, fake_processes, lambda name, value: logged.setdefault(name, value), ())
+    actor.logged = logged
+    return actor
 
 
 def process_batch(seed, rows, method, ctx):
@@ -172,9 +163,9 @@ def test_the_mean_of_the_processes_gradients_is_the_gradient_of_one_mean(name, a
             for p, r, _, _, _ in parts]
     grads = []
     for index, (prepared, result, inputs, features, raw) in enumerate(parts):
-        fake = fake_trainer(method, 2, others=[s for j, s in enumerate(sums) if j != index])
+        actor = fake_actor(method, 2, others=[s for j, s in enumerate(sums) if j != index])
         ctx = StepContext(aggregation=aggregation, max_completion_length=8, beta=0.1, process_index=index, seed=3)
-        normalised = TargetedGRPOTrainer._normalised(fake, inputs, result, prepared.batch, raw, ctx)
+        normalised = actor.normalised(inputs, result, prepared.batch, raw, ctx)
         grads.append(gradient(theta, features, normalised, config))
     # one loss over both processes' rows: sum(w l) / D + beta sum(w_kl kl) / D_kl, D the sums of every row's part
     denominator = float(sum(s[0] for s in sums))
@@ -201,9 +192,9 @@ def test_one_process_keeps_the_loss_inputs_exactly():
     method = get_method_class("entropy")()
     ctx = StepContext(max_completion_length=8, beta=0.1)
     prepared, result, inputs, _, raw = process_batch(1, 8, method, ctx)
-    fake = fake_trainer(method, 1)
-    assert TargetedGRPOTrainer._normalised(fake, inputs, result, prepared.batch, raw, ctx) is inputs
-    assert fake.logged["loss/denominator"] == float(result.denominator)
+    actor = fake_actor(method, 1)
+    assert actor.normalised(inputs, result, prepared.batch, raw, ctx) is inputs
+    assert actor.logged["loss/denominator"] == float(result.denominator)
 
 
 @pytest.mark.parametrize("name", ["uniform", "entropy", "ktae", "nat"])
@@ -213,11 +204,11 @@ def test_micro_batch_loss_is_verls_over_the_selected_tokens(name):
     method = get_method_class(name)()
     ctx = StepContext(max_completion_length=8, beta=0.1, seed=5)
     prepared, result, inputs, features, raw = process_batch(2, 12, method, ctx)
-    fake = fake_trainer(method, 1, micro_batch_tokens=12)
-    normalised = TargetedGRPOTrainer._normalised(fake, inputs, result, prepared.batch, raw, ctx)
+    actor = fake_actor(method, 1, micro_batch_tokens=12)
+    normalised = actor.normalised(inputs, result, prepared.batch, raw, ctx)
     lengths = (raw["prompt_mask"].sum(1) + raw["completion_mask"].sum(1)).tolist()
     micro_batches = balanced_micro_batches(lengths, math.ceil(sum(lengths) / 12))
-    assert fake.logged["loss/micro_batches"] == len(micro_batches) > 2
+    assert actor.logged["loss/micro_batches"] == len(micro_batches) > 2
     theta = torch.tensor([0.3, -0.2, 0.1], requires_grad=True)
     config = LossConfig(beta=0.1, kl_estimator="k1")
     ours = gradient(theta, features, normalised, config)
@@ -244,8 +235,7 @@ def test_micro_batches_need_the_methods_row_denominators():
     prepared, result, inputs, _, raw = process_batch(1, 4, method, ctx)
     result.row_denominators = None
     with pytest.raises(ValueError, match="row_denominators"):
-        TargetedGRPOTrainer._normalised(fake_trainer(method, 1, micro_batch_tokens=12), inputs, result,
-                                        prepared.batch, raw, ctx)
+        fake_actor(method, 1, micro_batch_tokens=12).normalised(inputs, result, prepared.batch, raw, ctx)
 
 
 def test_row_denominators_must_add_up_to_the_denominator():
@@ -268,14 +258,14 @@ def test_setting_must_hold_a_whole_rollout():
 
 @pytest.mark.parametrize("chunk_rows", [0, 1])
 def test_trainer_step_takes_verls_micro_batch_means(tiny_model_dir, tmp_path, chunk_rows):
-    from test_trainer import direct_logp_entropy, grads, loss_inputs, make_trainer
+    from test_trainer import direct_logp_entropy, grads, loss_inputs, make_trainer, policy_loss
 
     # raw_inputs: prompts of 3 tokens, completions of 5, 3, 4 and 1: rows of [8, 6, 7, 4] tokens, 25 in all; within
     # 12 tokens, 3 micro-batches: by hand (test_ties_are_broken_as_verl_breaks_them) rows {1, 3}, {0}, {2}
     trainer, model = make_trainer(tiny_model_dir, tmp_path, loss_micro_batch_tokens=12, backward_chunk_rows=chunk_rows)
     inputs = loss_inputs(trainer)
     model.zero_grad()
-    trainer.accelerator.backward(trainer._compute_loss(model, inputs))
+    trainer.accelerator.backward(policy_loss(trainer, model, inputs))
     ours = grads(model)
 
     model.zero_grad()

@@ -4,13 +4,17 @@ gradient of every optimizer step; whole prompt groups per mini-batch; the old-po
 import pytest
 import torch
 import trl
+from conftest import build_grpo_trainer
 from datasets import Dataset
 
 from harness.config.launch import per_device_rollouts
-from harness.config.schema import ConfigError, PresetConfig, TrainConfig, resolve
+from harness.config.loading import resolve
+from harness.config.schema import ConfigError, PresetConfig, TrainConfig
 from harness.model.checkpoints import load_policy
-from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
+from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX
 from harness.train.row_chunks import split_by_prompt_groups
+from harness.train.trl.settings import grpo_config
+from harness.train.trl.trainer import TargetedGRPOTrainer
 from methods.registry import get_method_class
 
 PROMPTS = [{"prompt": f"Q: {i}+{i % 3}\n", "answer": str(i)} for i in range(32)]
@@ -41,6 +45,18 @@ def trl_args(preset, tmp_path, loss_type, full_length):
     if full_length:  # no EOS before max_completion_length: every mini-batch holds the same number of tokens
         args.generation_kwargs = {"min_new_tokens": preset.train.max_completion_length}
     return args
+
+
+def record_loss_inputs(trainer) -> list[dict]:
+    """The inputs of every optimizer step's loss, appended to the returned list as the trainer trains."""
+    seen, policy_loss = [], trainer.actor.policy_loss
+
+    def recording(model, inputs, ctx):
+        seen.append(inputs)
+        return policy_loss(model, inputs, ctx)
+
+    trainer.actor.policy_loss = recording
+    return seen
 
 
 def run(trainer):
@@ -105,17 +121,14 @@ def test_trl_runs_no_forward_of_its_own(tiny_model_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(trl.GRPOTrainer, "_get_per_token_logps_and_entropies", refuse)
     preset = tiny_preset(mini_batches=2, ppo_epochs=2)
-    model, tokenizer = load_policy(tiny_model_dir)
-    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[length_reward],
-                                  args=grpo_config(preset, tmp_path, seed=0), train_dataset=Dataset.from_list(PROMPTS),
-                                  method=get_method_class("uniform")(), preset=preset, run_seed=0)
+    trainer = build_grpo_trainer(tiny_model_dir, tmp_path, preset, PROMPTS, [length_reward])
     assert trainer.args.steps_per_generation == 2 and trainer.num_iterations == 2
     trainer.model.train()
     batches = [trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))]
-    trainer._step = 1
-    batches.append(trainer._prepare_inputs(None))  # from the buffer, no generation
+    batches.append(trainer._prepare_inputs(None))  # the schedule's next mini-batch, no generation
     # the rollout policy's log-probs, once, over the whole reduced batch: the old_logp phase of the ledger
-    assert trainer.step_ledger.flops["old_logp"] > 0 and trainer.step_ledger.flops["train"] == 0
+    ledger = trainer.accounting.step_ledger
+    assert ledger.flops["old_logp"] > 0 and ledger.flops["train"] == 0
     assert trainer.args.steps_per_generation == 2 and trainer.num_iterations == 2  # restored after generation
     for batch in batches:
         groups = batch[f"{ROLLOUT_KEY_PREFIX}group_ids"]
@@ -175,29 +188,20 @@ def test_gmts_scores_the_current_policy_against_the_rollout_policy_on_every_mini
     # GMTS's H and r come from each mini-batch's own training forward: the policy before that mini-batch's update,
     # what the official codes' no-grad forward at the start of each mini-batch gives; r = 1 only on the first
     preset = tiny_preset(mini_batches=2)
-    model, tokenizer = load_policy(tiny_model_dir)
     method = get_method_class("gmts")()
-    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[length_reward],
-                                  args=grpo_config(preset, tmp_path, seed=0), train_dataset=Dataset.from_list(PROMPTS),
-                                  method=method, preset=preset, run_seed=0)
+    trainer = build_grpo_trainer(tiny_model_dir, tmp_path, preset, PROMPTS, [length_reward], method)
     seen, scores = [], method.scores
 
     def recording(stats, batch, ctx):
         mask = batch.completion_mask > 0
         ratio = torch.exp(stats.logp.detach() - stats.old_logp)[mask]
         with torch.no_grad():  # the current weights' entropy, computed again here (budget in steps: no effect)
-            current = trainer._chunked_statistics(trainer.model, trainer._last_inputs, ("entropy",), "train", False)
+            current = trainer.actor.statistics(trainer.model, last_inputs[-1], ("entropy",), "train", False)
         seen.append((float((ratio - 1).abs().max()), torch.equal(stats.entropy[mask], current["entropy"][mask])))
         return scores(stats, batch, ctx)
 
     method.scores = recording
-    compute_loss = trainer._compute_loss
-
-    def keep_inputs(model, inputs):
-        trainer._last_inputs = inputs
-        return compute_loss(model, inputs)
-
-    trainer._compute_loss = keep_inputs
+    last_inputs = record_loss_inputs(trainer)
     trainer.train()
     assert len(seen) == 4  # two generation batches of two mini-batches
     assert seen[0][0] == 0.0 and seen[2][0] == 0.0  # first mini-batch: the rollout policy itself
@@ -209,25 +213,16 @@ def test_reference_log_probs_are_computed_once_per_generation_batch(tiny_model_d
     # as verl (ref log-probs once per generation batch, before the updates): 4 optimizer steps (2 mini-batches x 2
     # epochs) read the rows of one reference pass, which the ledger counts once
     preset = tiny_preset(mini_batches=2, ppo_epochs=2, beta=0.1)
-    model, tokenizer = load_policy(tiny_model_dir)
-    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[length_reward],
-                                  args=grpo_config(preset, tmp_path, seed=0), train_dataset=Dataset.from_list(PROMPTS),
-                                  method=get_method_class("uniform")(), preset=preset, run_seed=0)
-    seen, compute_loss = [], trainer._compute_loss
-
-    def keep_inputs(model, inputs):
-        seen.append(inputs)
-        return compute_loss(model, inputs)
-
-    trainer._compute_loss = keep_inputs
+    trainer = build_grpo_trainer(tiny_model_dir, tmp_path, preset, PROMPTS, [length_reward])
+    seen = record_loss_inputs(trainer)
     trainer.train()
     assert len(seen) == 4  # one generation batch (no BudgetCallback here: step_ledger holds the whole run)
-    ledger = trainer.step_ledger
+    ledger = trainer.accounting.step_ledger
     # one no-grad forward of the reduced batch each, same model shape: the reference pass counts what pi_old's does
     assert ledger.flops["reference"] > 0 and ledger.flops["reference"] == pytest.approx(ledger.flops["old_logp"])
     # each step's KL term reads what a reference forward of its own mini-batch gives (what it computed before)
     for inputs in seen:
-        expected = trainer._reference_logp(inputs)
+        expected = trainer.actor.reference_log_probs(inputs)
         mask = inputs["completion_mask"].bool()
         torch.testing.assert_close(inputs[f"{ROLLOUT_KEY_PREFIX}ref_logp"][mask], expected[mask])
     logs = [r for r in trainer.state.log_history if "loss" in r]

@@ -6,12 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
+from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import resolve
 from harness.ops.resources import plan
-from harness.report import bootstrap as stats
 from harness.report import power
+from harness.report.intervals import paired_difference
+from harness.report.scores import CrossedVariance, crossed_variance
+from harness.report.training_noise import TrainingNoise
 
 
 def crossed(rng, n_draws, n_seeds, n_problems, sd_seed, sd_problem, sd_resid, effect=0.0):
@@ -35,7 +38,7 @@ def test_expected_variance_is_what_the_interval_estimates():
     rng = np.random.default_rng(1)
     truth = power.VarianceComponents(0.02**2, {"b": 0.1**2}, {"b": 0.2**2}, {"b": 100}, 3)
     expected = power.mean_variance(truth, 3)
-    estimated = [stats.crossed_variance({"b": d}) for d in crossed(rng, 4000, 3, 100, 0.02, 0.1, 0.2)]
+    estimated = [crossed_variance({"b": d}) for d in crossed(rng, 4000, 3, 100, 0.02, 0.1, 0.2)]
     assert np.mean([v.seed for v in estimated]) == pytest.approx(expected.seed, rel=0.05)
     assert np.mean([v.problem for v in estimated]) == pytest.approx(expected.problem, rel=0.05)
     assert np.mean([v.residual for v in estimated]) == pytest.approx(expected.residual, rel=0.01)
@@ -45,17 +48,17 @@ def test_expected_variance_is_what_the_interval_estimates():
 def test_power_without_a_floor_is_the_noncentral_t():
     # seed part only (no problem or residual part): the verdict is the seed-level t test with 2 df, whose power at
     # effect / se = 2 is the noncentral t's P(T_2(2) > t_{2, 0.975}) = 0.2180 (scipy.stats.nct).
-    seed_only = stats.CrossedVariance(0.01**2, 2, 0.0, 99)
-    critical = stats.scipy_stats.t.ppf(0.975, 2)
-    expected = stats.scipy_stats.nct.sf(critical, 2, 2.0)
+    seed_only = CrossedVariance(0.01**2, 2, 0.0, 99)
+    critical = scipy_stats.t.ppf(0.975, 2)
+    expected = scipy_stats.nct.sf(critical, 2, 2.0)
     assert power.power_at(0.02, seed_only) == pytest.approx(expected, abs=1e-9)
     assert expected == pytest.approx(0.2180, abs=1e-4)
     # a residual floor only widens the interval (the estimate must clear the wider of the two half-widths), so it
     # never adds power; the floor-only case is the normal test, P(Z > 1.96 - 3) = 0.851
-    floored = power.power_at(0.02, stats.CrossedVariance(0.01**2, 2, 0.0, 99, 0.005**2, 500))
+    floored = power.power_at(0.02, CrossedVariance(0.01**2, 2, 0.0, 99, 0.005**2, 500))
     assert 0.9 * expected < floored < expected
-    floor_only = stats.CrossedVariance(0.0, 1, 0.0, 99, 0.01**2, 10**6)
-    assert power.power_at(0.03, floor_only) == pytest.approx(stats.scipy_stats.norm.sf(1.96 - 3), abs=1e-4)
+    floor_only = CrossedVariance(0.0, 1, 0.0, 99, 0.01**2, 10**6)
+    assert power.power_at(0.03, floor_only) == pytest.approx(scipy_stats.norm.sf(1.96 - 3), abs=1e-4)
 
 
 @pytest.mark.parametrize(("n_seeds", "sd_seed", "sd_problem"), [
@@ -72,7 +75,7 @@ def test_detectable_effect_has_the_stated_power_in_simulation(n_seeds, sd_seed, 
                                      n_seeds)
     effect = power.detectable_effect(comps, n_seeds)
     draws = crossed(rng, 3000, n_seeds, n_problems, sd_seed, sd_problem, sd_resid, effect)
-    reproduced = np.mean([stats.paired_difference(d, np.zeros_like(d)).low > 0 for d in draws])
+    reproduced = np.mean([paired_difference(d, np.zeros_like(d)).low > 0 for d in draws])
     assert reproduced == pytest.approx(power.POWER, abs=0.04), (effect, reproduced)
     assert power.power_at(effect, power.mean_variance(comps, n_seeds)) == pytest.approx(power.POWER)
 
@@ -96,9 +99,12 @@ def test_pilot_from_the_committed_example():
     aa = pilot.components("uniform-aa", "uniform", ["arith"])
     rows = pilot.seed_means[("uniform-aa", "arith")] - pilot.seed_means[("uniform", "arith")]
     assert aa.seed == pytest.approx(np.var(rows, ddof=1))
-    pooled = pilot.pooled_components(["arith"])
-    per_label = [np.var(pilot.seed_means[(lab, "arith")], ddof=1) for lab in pilot.labels]
-    assert pooled.seed == pytest.approx(2 * np.mean(per_label))
+    # per-seed accuracies only: the pooled noise is 2 MS_LS of the labels x seeds table, (8 - 1)(2 - 1) df
+    noise = pilot.training_noise(["arith"])
+    table = np.array([pilot.seed_means[(lab, "arith")] for lab in pilot.labels])
+    interaction = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0) + table.mean()
+    assert noise.variance == pytest.approx(2 * (interaction**2).sum() / 7) and noise.df == 7
+    assert power.aa_components(pilot, ["arith"]).seed == noise.variance
     text = power.power_report(pilot, [None, ("entropy", "uniform")], [2.0])
     assert "A/A (two labels of one method" in text and "entropy - uniform, mean" in text
     assert "effect 2 pts:" in text
@@ -129,7 +135,7 @@ def test_harness_power_command(capsys):
     assert "uniform-aa - uniform, mean:" in out and "effect 2.26 pts:" in out and "GPU-hours" in out
     assert main(["power", "--pilot", example, "--effect", "5", "--effect", "2"]) == 0
     out = capsys.readouterr().out
-    assert "A/A (two labels of one method; seed spread pooled over 8 labels), mean" in out
+    assert "A/A (two labels of one method), mean: training-noise sd" in out and "(7 df; 90% bound" in out
     assert "effect 5 pts:" in out and "effect 2 pts:" in out
     assert main(["power", "--pilot", example, "--pair", "nope,uniform"]) == 2
     assert "label 'nope' is not in the pilot" in capsys.readouterr().err
@@ -155,7 +161,30 @@ def test_pilot_with_samples_uses_the_per_problem_matrices(tmp_path):
                                           - evidence.scores[("uniform", "ckpt-100", b, "avg@4")]
                                           for b in pilot.benches})
     assert comp == expected and comp.problem["arith"] > 0  # the per-problem path sees a problem component
-    pooled = pilot.pooled_components()
-    assert pooled.residual["arith"] > 0 and set(pooled.problem.values()) == {0.0}
+    aa = power.aa_components(pilot, pilot.benches)
+    assert aa.residual["arith"] > 0 and set(aa.problem.values()) == {0.0}
+    assert aa.seed_df(3) == (len(LABELS) - 1) * 2 and aa.seed_df(5) == (len(LABELS) - 1) * 4  # (L - 1)(S - 1)
+    assert pilot.sampling("entropy", "uniform", ["arith"])["arith"] > 0
     text = power.power_report(pilot, [None], [10.0])
-    assert "seed sd" in text and "problem sd" in text and "effect 10 pts:" in text
+    assert "training-noise sd" in text and "problem sd" in text and "effect 10 pts:" in text
+    assert "more samples per problem at 3 seeds: x2" in text and "more problems at 3 seeds: x2" in text
+
+
+def test_upper_bound_on_the_training_noise():
+    # df T / chi2_{0.10, df}: with 7 df the bound is 7 / 2.833 = 2.47 times the estimate
+    bound = power.upper_bound(TrainingNoise(1.0, 7))
+    assert bound.variance == pytest.approx(7 / scipy_stats.chi2.ppf(0.10, 7)) and bound.df == 7
+    assert power.upper_bound(TrainingNoise(1.0, 7), 0.5).variance == pytest.approx(
+        7 / scipy_stats.chi2.ppf(0.5, 7))
+
+
+def test_levers_samples_and_problems():
+    # x (1 - x) / (k - 1): unbiased for p (1 - p) / k over the cells (a cell at 0.5 gives 0.25 / 3)
+    assert power.sampling_variance(np.full((2, 3), 0.5), 4) == pytest.approx(0.25 / 3)
+    assert power.sampling_variance(np.full((2, 3), 0.5), 1) == 0.0
+    comp = power.VarianceComponents(1e-4, {"b": 1e-3}, {"b": 0.05}, {"b": 100}, 2)
+    # residual 0.05 of which 0.04 sampling: at 4x k it is 0.01 + 0.04 / 4 = 0.02
+    assert power.with_samples(comp, {"b": 0.04}, 4, 16).residual["b"] == pytest.approx(0.02)
+    assert power.with_problems(comp, 2).n_problems == {"b": 200}
+    assert (power.detectable_effect(power.with_samples(comp, {"b": 0.04}, 4, 16), 2)
+            < power.detectable_effect(comp, 2))

@@ -19,8 +19,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from harness.config.loading import resolve
 from harness.config.paths import SweepPaths
-from harness.config.schema import ConfigError, resolve
+from harness.config.schema import ConfigError
 from harness.ops.resources import train_command
 
 REPO = Path(__file__).resolve().parent.parent

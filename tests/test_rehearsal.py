@@ -1,15 +1,16 @@
-"""Rehearsals of the paper sweeps (harness/ops/rehearsal.py, `harness rehearse`): what a rehearsal keeps and what it
-replaces (fast), and, under the `rehearsal` marker, every paper sweep's rehearsal end to end through Snakemake on
-CPU with its checks (precision, weights moved, ledger against the budget's arithmetic, report, resume after a kill).
+"""Rehearsals of the paper sweeps (`harness rehearse`: harness/ops/rehearsal.py, rehearsal_setup.py): what a
+rehearsal keeps and what it replaces (fast), and, under the `rehearsal` marker, every paper sweep's rehearsal end to
+end through Snakemake on CPU with its checks (precision, weights moved, ledger against the budget's arithmetic,
+report, resume after a kill).
 """
 
 from pathlib import Path
 
 import pytest
 
+from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import resolve
-from harness.ops import rehearsal
+from harness.ops import rehearsal, rehearsal_setup
 
 SWEEPS = REPO_ROOT / "configs" / "sweeps"
 PAPER_SWEEPS = sorted(p.stem for p in SWEEPS.glob("paper-*.yaml"))
@@ -31,8 +32,10 @@ def value(resolved, dotted: str):
 
 
 def rehearsal_of(sweep: str, tmp_path: Path, **kwargs):
-    return rehearsal.rehearsal_sweep(SWEEPS / f"{sweep}.yaml", tmp_path, tmp_path / "model", tmp_path / "train.jsonl",
-                                     context_tokens=200, **kwargs)
+    data_file = tmp_path / "train.jsonl"
+    data_file.touch()  # resolve checks that the training file a sweep names exists
+    return rehearsal_setup.rehearsal_sweep(SWEEPS / f"{sweep}.yaml", tmp_path, tmp_path / "model", data_file,
+                                           context_tokens=200, **kwargs)
 
 
 @pytest.mark.parametrize("sweep", PAPER_SWEEPS)
@@ -46,17 +49,17 @@ def test_a_rehearsal_keeps_the_protocol_and_replaces_only_scale(sweep, tmp_path)
     assert small.sweep.name == paper.sweep.name  # so its claims and fidelity files are the paper's
     assert small.sweep.seeds == paper.sweep.seeds[:1]
     train, paper_train = small.preset.train, paper.preset.train
-    assert small.preset.resources.train.gpus == rehearsal.PROCESSES and train.launcher == "accelerate"
+    assert small.preset.resources.train.gpus == rehearsal_setup.PROCESSES and train.launcher == "accelerate"
     # one prompt group per process and mini-batch; dynamic sampling's round in the paper's proportion to the step
-    assert train.mini_batches == min(paper_train.mini_batches, rehearsal.MAX_MINI_BATCHES)
-    assert train.prompts_per_step == rehearsal.PROCESSES * train.mini_batches
+    assert train.mini_batches == min(paper_train.mini_batches, rehearsal_setup.MAX_MINI_BATCHES)
+    assert train.prompts_per_step == rehearsal_setup.PROCESSES * train.mini_batches
     if paper_train.dynamic_sampling.enabled:
         paper_ratio = paper_train.dynamic_sampling.prompts_per_round / paper_train.prompts_per_step
         assert train.dynamic_sampling.prompts_per_round == paper_ratio * train.prompts_per_step
     assert bool(train.overlong.buffer) == bool(paper_train.overlong.buffer)
     assert bool(train.loss_micro_batch_tokens) == bool(paper_train.loss_micro_batch_tokens)
     assert train.distributed == "ddp" and not train.use_vllm and small.preset.eval.backend == "hf"
-    assert all(b.limit == rehearsal.BENCHMARK_ROWS for b in small.preset.eval.benchmarks.values())
+    assert all(b.limit == rehearsal_setup.BENCHMARK_ROWS for b in small.preset.eval.benchmarks.values())
     assert set(small.preset.eval.benchmarks) == set(paper.preset.eval.benchmarks)
     if paper_train.distributed != "ddp":
         assert any(f"{paper_train.distributed} runs as ddp" in line for line in plan.replaced)
@@ -71,17 +74,17 @@ def test_the_vllm_cpu_rehearsal_runs_one_colocated_process(tmp_path):
 
 
 def test_architectures_follow_the_hub_id():
-    assert rehearsal.architecture("Qwen/Qwen2.5-Math-1.5B") == "qwen2"
-    assert rehearsal.architecture("Qwen/Qwen3-8B-Base") == "qwen3"
-    assert rehearsal.architecture("meta-llama/Llama-3.1-8B") == "llama"
+    assert rehearsal_setup.architecture("Qwen/Qwen2.5-Math-1.5B") == "qwen2"
+    assert rehearsal_setup.architecture("Qwen/Qwen3-8B-Base") == "qwen3"
+    assert rehearsal_setup.architecture("meta-llama/Llama-3.1-8B") == "llama"
     with pytest.raises(ValueError, match="no rehearsal architecture"):
-        rehearsal.architecture("mistralai/Mistral-7B")
+        rehearsal_setup.architecture("mistralai/Mistral-7B")
 
 
 def test_rehearsal_rows_have_two_answers_about_evenly():
-    rows = rehearsal.rehearsal_rows()
+    rows = rehearsal_setup.rehearsal_rows()
     answers = [r["answer"] for r in rows]
-    assert len(rows) == rehearsal.TRAIN_ROWS and set(answers) == {"2", "3"}
+    assert len(rows) == rehearsal_setup.TRAIN_ROWS and set(answers) == {"2", "3"}
     assert 0.4 < answers.count("2") / len(rows) < 0.6  # a format-only model is right about half the time
 
 

@@ -12,14 +12,16 @@ import pytest
 from report_fixture import BENCHES, LABELS, build_sweep
 
 from harness.config.schema import ConfigError
-from harness.report import bootstrap as stats
 from harness.report import html as html_report
 from harness.report.evidence import find_failures, read_sweep
+from harness.report.intervals import difference_interval
 from harness.report.leaderboard import verdict_record, write_leaderboard
-from harness.report.markdown import budget_warnings, markdown, protocol_note
+from harness.report.markdown import budget_warnings, coverage_where_assumption_fails, markdown, protocol_note
 from harness.report.reported import load_reported
-from harness.report.summary import claim_verdicts, summarize
+from harness.report.scores import crossed_variance
+from harness.report.summary import claim_verdicts, noise_at, summarize
 from harness.report.tables import FLOOR_LEGEND, FLOOR_MARK, bench_table, claims_table, overview_table, select, with_ci
+from harness.report.training_noise import CALIBRATED, MODERATED, POOLED, VARIANCE_BASES
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTED = """
@@ -140,7 +142,8 @@ def test_aa_pair_is_tied_and_the_real_improvement_is_not(sweep):
     ranks = {r["method"]: int(r["rank"]) for r in avg if r["bench"] == "all" and r["ckpt"] == "ckpt-100"}
     assert ranks == {"entropy": 1, "uniform": 2, "uniform-aa": 2}
     md = (paths.root / "leaderboard.md").read_text()
-    assert "A/A `uniform-aa` vs `uniform` at ckpt-100: tied (calibrated)" in md
+    assert "A/A `uniform-aa` vs `uniform` at ckpt-100: tied (" in md  # not "calibrated": no calibration backs it
+    assert "calibrated" not in md
     assert "NOT tied" not in md and "Budget not matched" not in md
 
 
@@ -178,15 +181,16 @@ def test_claims_are_judged_in_both_pages(sweep):
     claims = md.split("## Claims (ckpt-100)")[1].split("## Per benchmark")[0]
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in claims.splitlines()
             if line.startswith("| ") and ("beats" in line or "matches" in line)}
-    assert rows["entropy beats uniform on mean over benchmarks by +30.00 pts (avg@k)"][4] == "reproduced"
+    # columns: claim, where, Δ, detectable, the headline (Holm), the per-claim verdict, why
+    assert rows["entropy beats uniform on mean over benchmarks by +30.00 pts (avg@k)"][4:6] == ["reproduced"] * 2
     smaller = rows["entropy beats uniform on arith by +80.00 pts (avg@k)"]
-    assert smaller[4] == "reproduced" and "also the paper's +80.00: a smaller effect" in smaller[5]
+    assert smaller[4:6] == ["reproduced"] * 2 and "also the paper's +80.00: a smaller effect" in smaller[6]
     contradicted = rows["uniform-aa beats uniform on mean over benchmarks by +20.00 pts (avg@k)"]
-    assert contradicted[4] == "contradicted" and "excludes the paper's +20.00" in contradicted[5]
+    assert contradicted[4:6] == ["contradicted"] * 2 and "excludes the paper's +20.00" in contradicted[6]
     parity = rows["uniform-aa matches uniform on mean over benchmarks (avg@k; paper +0.00 pts, margin ±12)"]
-    assert parity[4] == "reproduced" and "equivalent" in parity[5]
+    assert parity[4:6] == ["reproduced"] * 2 and "equivalent" in parity[6] and "establishes is ±" in parity[6]
     assert rows["gmts beats uniform on mean over benchmarks by +1.00 pts (greedy)"][4] == "not evaluated"
-    assert "Holm: the same verdicts with the family-wise error over the 4 evaluated claim(s)" in claims
+    assert "The verdict is Holm's, the family-wise error over the 4 evaluated claim(s)" in claims
     assert "### Detectable effects (paired, 80% power)" in claims and "| entropy | uniform | mean | 3 x 70 |" in claims
     claims_json = json.loads((paths.root / "leaderboard.json").read_text())["claims"]
     assert [c["verdict"] for c in claims_json] == ["reproduced", "reproduced", "reproduced", "not evaluated",
@@ -215,14 +219,18 @@ def test_floor_mark_sits_exactly_on_the_intervals_at_the_floor(tmp_path):
     reported = load_reported(reported_file)
     evidence = read_sweep(resolved, paths)
     final, avg, scores = evidence.final_ckpt, evidence.avg_metric, evidence.scores
-    for metric in evidence.metric_names:  # entropy - uniform on arith: seed 1's differences are seed 0's reversed,
-        x, y = scores[("entropy", final, "arith", metric)], scores[("uniform", final, "arith", metric)]
-        x[1] = y[1] + (x[0] - y[0])[::-1]  # so the two seeds' mean differences agree exactly: that Δ is the floor
+    for metric in evidence.metric_names:  # entropy on arith: seed 1's scores are seed 0's reversed, so the two
+        x = scores[("entropy", final, "arith", metric)]  # seeds' means agree exactly: that mean is at the floor
+        x[1] = x[0][::-1]
 
     def at_floor(label: str, bench: str, metric: str, paired: bool) -> bool:
         benches = evidence.benches if bench == "all" else [bench]
-        return stats.crossed_variance({b: scores[(label, final, b, metric)] - (
-            scores[("uniform", final, b, metric)] if paired else 0.0) for b in benches}).rests_on_floor
+        if paired:  # a Δ pools the training noise over the labels (and falls back to its own when it departs)
+            noise = noise_at(evidence, final, metric).get(tuple(benches))
+            differences = {b: scores[(label, final, b, metric)] - scores[("uniform", final, b, metric)]
+                           for b in benches}
+            return difference_interval(differences, noise).rests_on_floor
+        return crossed_variance({b: scores[(label, final, b, metric)] for b in benches}).rests_on_floor
 
     summary = summarize(evidence, n_resamples=200)
     cells = []  # (cell, is the interval at the floor) for every interval the tables show
@@ -261,12 +269,12 @@ def test_floor_mark_sits_exactly_on_the_intervals_at_the_floor(tmp_path):
                                 avg if claim.metric == "avg@k" else "greedy", True)
             cells.append((row[2], expected))
             assert verdict_record(verdict)["diff_ci_at_floor"] is expected
-    assert all(cell.endswith(FLOOR_MARK) == expected and cell.count(FLOOR_MARK) <= 1 for cell, expected in cells), [
-        (cell, expected) for cell, expected in cells if cell.endswith(FLOOR_MARK) != expected]
+    assert all((FLOOR_MARK in cell) == expected and cell.count(FLOOR_MARK) <= 1 for cell, expected in cells), [
+        (cell, expected) for cell, expected in cells if (FLOOR_MARK in cell) != expected]
     marked = sum(expected for _, expected in cells)
-    assert 0 < marked < len(cells)  # the constructed Δ (per benchmark and its claim) at the floor, others not
+    assert 0 < marked < len(cells)  # the constructed mean (per benchmark) at the floor, others not
     claims = {v.claim.describe(): row for v, row in zip(judged, claims_table(judged)[1], strict=True)}
-    assert claims["entropy beats uniform on arith by +80.00 pts (avg@k)"][2].endswith(FLOOR_MARK)
+    assert FLOOR_MARK not in claims["entropy beats uniform on arith by +80.00 pts (avg@k)"][2]  # its Δ is pooled
     # the summary rows (leaderboard.csv, .json) carry the same flags; the IQM rows have no floor
     for row in select(summary, ckpt=final, method="entropy", metric=avg, statistic="mean"):
         assert row["ci_at_floor"] is at_floor("entropy", row["bench"], avg, False)
@@ -280,7 +288,67 @@ def test_floor_mark_sits_exactly_on_the_intervals_at_the_floor(tmp_path):
     beside_paper = [with_ci(select(summary, ckpt=final, method=label, bench=bench, metric=avg)[0])
                     for label, per_bench in reported.numbers.items() for bench in per_bench if label != "gmts"]
     assert page.count(html_report.esc(FLOOR_LEGEND)) == 1
-    assert page.count(FLOOR_MARK) == marked + 1 + sum(cell.endswith(FLOOR_MARK) for cell in beside_paper)
+    assert page.count(FLOOR_MARK) == marked + 1 + sum(FLOOR_MARK in cell for cell in beside_paper)
+
+
+def calibration_record(benches: dict[str, int], variance: float = 4e-4) -> dict:
+    noise = {"variance": variance, "df": 7}
+    return {"preset": "tiny", "commit": "0123456789abcdef", "label": "uniform", "seeds": list(range(8)),
+            "ckpt": "ckpt-100", "metric": "avg@4", "benches": benches,
+            "training_noise": {**{b: noise for b in benches}, "mean": noise}}
+
+
+def test_a_fitting_calibration_is_pooled_in_and_backs_the_aa_line(tmp_path):
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    calibration = tmp_path / "tiny.json"
+    calibration.write_text(json.dumps(calibration_record({"arith": 40, "arith_ood": 30})))
+    write_leaderboard(resolved, paths, n_resamples=200, calibration_path=calibration)
+    rows = [r for r in read_csv(paths.root / "leaderboard.csv") if r["diff"] and r["ckpt"] == "ckpt-100"]
+    # the sampled metric pools with the calibration; greedy (not what it measured) with the sweep's labels only
+    calibrated = {CALIBRATED, MODERATED[CALIBRATED]}
+    assert {r["diff_variance"] for r in rows if r["metric"] == "avg@4"} <= calibrated
+    pooled = {POOLED, MODERATED[POOLED]}
+    assert {r["diff_variance"] for r in rows if r["metric"] == "greedy"} <= pooled
+    assert any(r["diff_variance"] in calibrated for r in rows)
+    md = (paths.root / "leaderboard.md").read_text()
+    assert "tied (calibrated)" in md and "A/A calibration `tiny.json` (uniform alone, 8 seeds, commit 0123456789)" in md
+    assert "With 2 seeds the assumption is untested for any one method" in md
+    assert coverage_where_assumption_fails() in md  # the coverage bench's numbers, read from its output
+    # a calibration of other benchmarks is not used, and the report says why
+    calibration.write_text(json.dumps(calibration_record({"arith": 200, "arith_ood": 100})))
+    write_leaderboard(resolved, paths, n_resamples=200, calibration_path=calibration)
+    md = (paths.root / "leaderboard.md").read_text()
+    assert "calibrated" not in md and "tiny.json was measured on {'arith': 200, 'arith_ood': 100}" in md
+    rows = read_csv(paths.root / "leaderboard.csv")
+    assert not calibrated & {r["diff_variance"] for r in rows}
+    calibration.write_text(json.dumps({"preset": "tiny"}))
+    with pytest.raises(ValueError, match="tiny.json: malformed calibration"):
+        write_leaderboard(resolved, paths, n_resamples=200, calibration_path=calibration)
+
+
+def test_the_note_quotes_the_coverage_bench_where_the_assumption_fails(tmp_path):
+    rates = {"noisy pair": (0.86, 0.9), "collapse": (0.8, 0.88)}
+    record = {"settings": {"report_rule": "moderated", "seeds": [2, 5]},
+              "coverage": {f"{cell}/S={n}": {"mean": {"coverage": {"moderated": rate, "pooled": 0.5}}}
+                           for cell, pair in rates.items() for n, rate in zip((2, 5), pair, strict=True)}}
+    path = tmp_path / "interval_coverage.json"
+    path.write_text(json.dumps(record))
+    text = coverage_where_assumption_fails(path)
+    assert "3x the others' training noise is covered 0.86-0.90" in text and "1 time in 10 is covered 0.80-0.88" in text
+    assert "2-5 seeds" in text and "0.50" not in text
+    # without the bench's output: the situations, no numbers
+    absent = coverage_where_assumption_fails(tmp_path / "absent.json")
+    assert "3x the others' training noise" in absent and not re.search(r"\d\.\d", absent)
+
+
+def test_holm_marks_the_table_and_the_csv_has_the_adjusted_p(sweep):
+    _, paths, _ = sweep
+    rows = [r for r in read_csv(paths.root / "leaderboard.csv") if r["diff"]]
+    for row in rows:
+        p, adjusted = float(row["diff_p"]), float(row["diff_p_holm"])
+        assert p <= adjusted <= 1
+        assert row["verdict"] == ("tied" if adjusted >= 0.05 else "better" if float(row["diff"]) > 0 else "worse")
+    assert {r["diff_variance"] for r in rows} <= set(VARIANCE_BASES)
 
 
 def test_without_an_interval_at_the_floor_there_is_no_mark_and_no_legend(tmp_path):
@@ -400,9 +468,10 @@ def test_one_seed_sweep_says_so(tmp_path):
 
 
 REPORT_DIR = REPO / "harness" / "report"
+STATISTICS_MODULES = ["scores", "training_noise", "intervals", "bootstrap"]  # numpy/scipy and each other only
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
-REPORT_MODULE_ORDER = ["bootstrap", "power", "verdicts", "evidence", "fidelity", "reported", "summary", "tables",
-                       "markdown", "html", "plots", "leaderboard"]
+REPORT_MODULE_ORDER = [*STATISTICS_MODULES, "calibration", "power", "verdicts", "sequential", "evidence", "fidelity",
+                       "reported", "summary", "tables", "markdown", "html", "plots", "leaderboard"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -423,7 +492,11 @@ def test_report_modules_never_import_the_trainer_or_trl():
         imported = imported_modules(path)
         assert not any(m.split(".")[0] in {"trl", "transformers"} or m == "harness.train"
                        or m.startswith("harness.train.") for m in imported), (path.name, imported)
-    assert not [m for m in imported_modules(REPORT_DIR / "bootstrap.py") if m.startswith("harness")]
+    statistics = tuple(f"harness.report.{name}" for name in STATISTICS_MODULES)
+    for name in STATISTICS_MODULES:
+        outside = [m for m in imported_modules(REPORT_DIR / f"{name}.py")
+                   if m.startswith("harness") and not m.startswith(statistics)]
+        assert not outside, (name, outside)
 
 
 def test_report_modules_import_one_way():

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
+from harness.config.loading import load_method, resolve
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import ConfigError, load_method, resolve
+from harness.config.schema import ConfigError
 from harness.train.rewards import overlong_reward, overlong_reward_functions
 from methods.base import group_advantages
 
@@ -104,8 +105,8 @@ def test_tiny_run_trains_on_correctness_plus_overlong(tiny_sweep, monkeypatch):
     """Two steps of the tiny preset with a 40-token maximum and a 30-token buffer (window 10 < |o| <= 40): TRL's
     per-function rewards hold correctness and the overlong term of each completion's length, the rollout
     advantages are the group advantages of their sum, and metrics.jsonl logs both terms and the sum."""
-    from harness.train import adapter
     from harness.train.run import run_training
+    from harness.train.trl import trainer as adapter
 
     captured_rewards, captured_batches = [], []
     calculate_rewards, prepare_batch = adapter.TargetedGRPOTrainer._calculate_rewards, adapter.prepare_batch

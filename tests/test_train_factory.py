@@ -5,14 +5,15 @@ import json
 
 import torch
 
+from harness.config.loading import load_method, resolve
 from harness.config.paths import REPO_ROOT
 from harness.config.provenance import run_record
-from harness.config.schema import load_method, resolve
 from harness.data.prepare import training_rows
 
 
 def test_bench_reads_no_trainer_private():
-    """bench/ builds and steps trainers through harness functions (TRL stays in the adapter: test_architecture)."""
+    """bench/ builds and steps trainers through harness functions (TRL stays in harness.train.trl:
+    test_architecture)."""
     for path in sorted((REPO_ROOT / "bench").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -21,8 +22,8 @@ def test_bench_reads_no_trainer_private():
 
 
 def test_build_trainer_is_the_run_and_steps_again_at_a_set_progress(tiny_sweep, tmp_path):
-    from harness.train.adapter import PhaseProbe, sampling_settings
     from harness.train.run import build_trainer, set_budget_progress, train_steps
+    from harness.train.trl.bench_probes import PhaseProbe, sampling_settings
 
     overrides, paths = tiny_sweep
     resolved = resolve({"name": "tiny", "preset": "tiny"}, [*overrides, "train.budget.amount=1000"])
@@ -45,8 +46,8 @@ def test_build_trainer_is_the_run_and_steps_again_at_a_set_progress(tiny_sweep, 
 
 
 def test_loss_inputs_drop_and_truncate_before_the_forward(tiny_sweep, tmp_path):
-    from harness.train.adapter import loss_inputs
     from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import loss_inputs
 
     overrides, paths = tiny_sweep
     resolved = resolve({"name": "tiny", "preset": "tiny"}, overrides)

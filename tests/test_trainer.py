@@ -1,42 +1,60 @@
-"""The TRL adapter: pinned TRL internals, and the gradient the trainer produces equals the loss written out."""
+"""The TRL boundary and the actor: every TRL touch point holds, and the gradient the trainer produces equals the
+loss written out."""
 
+import importlib
 import inspect
 
 import pytest
 import torch
 import trl
-from datasets import Dataset
+from conftest import build_grpo_trainer
+from reference_formulas import clipped_surrogate
 
 from harness.config.schema import PresetConfig
 from harness.model.checkpoints import load_policy
-from harness.train.adapter import ROLLOUT_KEY_PREFIX, TargetedGRPOTrainer, grpo_config
-from methods.registry import get_method_class
+from harness.train.actor import loss_config
+from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX, reduced_inputs
+from harness.train.trl import TOUCH_POINTS, TRL_VERSION
+from harness.train.trl.settings import grpo_config
+from harness.train.trl.trainer import TargetedGRPOTrainer
 
 
 def test_trl_version_is_pinned():
-    # the adapter overrides private methods; a new TRL release must be checked against these tests first
-    assert trl.__version__ == "1.16.0"
+    # the boundary overrides private methods; a new TRL release must be checked against these tests first
+    assert trl.__version__ == TRL_VERSION
 
 
-@pytest.mark.parametrize("name, params", [
-    ("_generate_and_score_completions", ["self", "inputs"]),
-    ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
-    ("_compute_loss", ["self", "model", "inputs"]),
-])
-def test_overridden_trl_methods_keep_their_signatures(name, params):
-    assert list(inspect.signature(getattr(trl.GRPOTrainer, name)).parameters) == params
+def resolve_target(target: str):
+    module, _, qualname = target.partition(":")
+    found = importlib.import_module(module)
+    for name in filter(None, qualname.split(".")):
+        found = getattr(found, name)
+    return found
 
 
-def test_trl_vllm_colocate_internals_the_adapter_relies_on():
-    # colocated_engine_settings adds the dtype to the engine TRL builds as `LLM(...)` in this module (TRL passes none);
-    # train.vllm_device=cpu replaces `sync_weights`, which TRL calls before generating, and reads TRL's own
-    # parameter iterator (harness/train/adapter.py reload_into_cpu_engine)
-    from trl.generation import vllm_generation
+@pytest.mark.parametrize("point", TOUCH_POINTS, ids=lambda p: f"{p.kind}:{p.target}")
+def test_every_touch_point_holds(point):
+    if point.target.startswith("vllm"):
+        pytest.importorskip("vllm")
+    found = resolve_target(point.target)
+    if point.kind in ("override", "signature"):
+        assert list(inspect.signature(found).parameters) == list(point.pin)
+    elif point.kind == "source":
+        source = inspect.getsource(found)
+        assert [s for s in point.pin if s not in source] == []
+        assert [s for s in point.absent if s in source] == []
+    else:
+        assert point.kind == "exists"
 
-    init = inspect.getsource(vllm_generation.VLLMGeneration._init_vllm)
-    assert "self.llm = LLM(" in init and "dtype=" not in init
-    assert "self.vllm_generation.sync_weights()" in inspect.getsource(trl.GRPOTrainer._generate_single_turn)
-    assert list(inspect.signature(vllm_generation.VLLMGeneration._iter_named_params).parameters) == ["self"]
+
+def test_every_trl_method_the_trainer_overrides_is_a_touch_point():
+    overridden = [name for name, value in vars(TargetedGRPOTrainer).items() if callable(value) and name != "__init__"
+                  and hasattr(trl.GRPOTrainer, name)]
+    # each under the nearest class of TRL's that defines it: the code the override replaces
+    overrides = {next(f"{cls.__name__}.{name}" for cls in trl.GRPOTrainer.__mro__ if name in vars(cls))
+                 for name in overridden}
+    listed = {p.target.partition(":")[2] for p in TOUCH_POINTS if p.kind == "override"}
+    assert overrides <= listed and overrides
 
 
 def make_trainer(model_dir, tmp_path, method="uniform", **train_overrides):
@@ -45,18 +63,23 @@ def make_trainer(model_dir, tmp_path, method="uniform", **train_overrides):
     preset.train.max_completion_length = 6
     for key, value in train_overrides.items():
         setattr(preset.train, key, value)
-    model, tokenizer = load_policy(model_dir)
-    dataset = Dataset.from_list([{"prompt": f"Q: {i}+1\n", "answer": str(i + 1)} for i in range(8)])
-    cls = get_method_class(method)
-    trainer = TargetedGRPOTrainer(model=model, processing_class=tokenizer, train_dataset=dataset,
-                                  reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                                  args=grpo_config(preset, tmp_path, seed=0), method=cls(),
-                                  preset=preset, run_seed=0)
-    return trainer, model
+    prompts = [{"prompt": f"Q: {i}+1\n", "answer": str(i + 1)} for i in range(8)]
+    trainer = build_grpo_trainer(model_dir, tmp_path, preset, prompts,
+                                 [lambda completions, **kw: [0.0] * len(completions)], method)
+    return trainer, trainer.model
+
+
+def policy_loss(trainer, model, inputs):
+    """The loss of one optimizer step, as the trainer hands it to TRL."""
+    return trainer.actor.policy_loss(model, inputs, trainer.step_context())
+
+
+def before_updates(trainer, reduced):
+    return trainer.actor.before_updates(trainer.model, reduced, trainer.step_context())
 
 
 def raw_inputs(seed=0):
-    """A reduced batch as ``_reduced_batch`` gives it, before the passes that precede the updates."""
+    """A reduced batch as ``reduced_inputs`` gives it, before the passes that precede the updates."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(4, 40, (4, 3), generator=g)
     completion_ids = torch.randint(4, 40, (4, 5), generator=g)
@@ -73,7 +96,7 @@ def raw_inputs(seed=0):
 
 def loss_inputs(trainer, seed=0):
     """The inputs of a training step: the reference's log-probs (beta > 0) computed once, as before the updates."""
-    return trainer._before_updates(raw_inputs(seed))
+    return before_updates(trainer, raw_inputs(seed))
 
 
 def direct_logp_entropy(model, inputs):
@@ -94,14 +117,13 @@ def test_uniform_gradient_equals_the_written_out_loss(tiny_model_dir, tmp_path, 
     trainer, model = make_trainer(tiny_model_dir, tmp_path, aggregation=aggregation, stats_chunk_size=3)
     inputs = loss_inputs(trainer)
     model.zero_grad()
-    trainer._compute_loss(model, inputs).backward()
+    policy_loss(trainer, model, inputs).backward()
     ours = grads(model)
 
     model.zero_grad()
     logp, _ = direct_logp_entropy(model, inputs)
     mask, adv = inputs["completion_mask"].float(), inputs["advantages"]
-    ratio = torch.exp(logp - logp.detach())
-    per_token = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)
+    per_token = clipped_surrogate(logp, logp.detach(), adv)
     if aggregation == "token-mean":
         loss = (per_token * mask).sum() / mask.sum()
     elif aggregation == "seq-mean-token-mean":
@@ -117,7 +139,7 @@ def test_entropy_gradient_equals_top_k_written_out(tiny_model_dir, tmp_path):
     trainer, model = make_trainer(tiny_model_dir, tmp_path, method="entropy")
     inputs = loss_inputs(trainer, seed=1)
     model.zero_grad()
-    trainer._compute_loss(model, inputs).backward()
+    policy_loss(trainer, model, inputs).backward()
     ours = grads(model)
 
     model.zero_grad()
@@ -145,13 +167,13 @@ def test_step_context_carries_the_process_index(tiny_model_dir, tmp_path):
 
 def test_kl_term_uses_a_frozen_reference(tiny_model_dir, tmp_path):
     trainer, model = make_trainer(tiny_model_dir, tmp_path, beta=0.1)
-    assert trainer.ref_policy is not None
-    assert not any(p.requires_grad for p in trainer.ref_policy.parameters())
+    assert trainer.actor.reference is not None
+    assert not any(p.requires_grad for p in trainer.actor.reference.parameters())
     inputs = loss_inputs(trainer)
     # at pi_theta == pi_ref the k3 KL and its gradient vanish: the loss equals the beta = 0 loss
-    with_kl = trainer._compute_loss(model, inputs)
+    with_kl = policy_loss(trainer, model, inputs)
     trainer.preset.train.beta = 0.0
-    torch.testing.assert_close(with_kl, trainer._compute_loss(model, inputs))
+    torch.testing.assert_close(with_kl, policy_loss(trainer, model, inputs))
 
 
 def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
@@ -161,10 +183,10 @@ def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-        policy = trainer._chunked_statistics(model, inputs, (), "train", False)["logp"]
-        reference = trainer._chunked_statistics(trainer.ref_policy, inputs, (), "reference", False)["logp"]
+        policy = trainer.actor.statistics(model, inputs, (), "train", False)["logp"]
+        reference = trainer.actor.statistics(trainer.actor.reference, inputs, (), "reference", False)["logp"]
         fresh, _ = load_policy(tiny_model_dir)
-        expected = trainer._chunked_statistics(fresh, inputs, (), "reference", False)["logp"]
+        expected = trainer.actor.statistics(fresh, inputs, (), "reference", False)["logp"]
     mask = inputs["completion_mask"].bool()
     assert not torch.allclose(policy[mask], reference[mask])
     torch.testing.assert_close(reference[mask], expected[mask])
@@ -173,8 +195,8 @@ def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
 
 def test_activation_checkpointing_follows_the_preset(tmp_path):
     # TRL turns it on by default (GPU memory at long lengths); the tiny preset turns it off to save CPU time
+    from harness.config.loading import resolve
     from harness.config.paths import REPO_ROOT
-    from harness.config.schema import resolve
 
     assert grpo_config(PresetConfig(name="test"), tmp_path, seed=0).activation_checkpointing is True
     tiny = resolve(REPO_ROOT / "configs/sweeps/default.yaml").preset
@@ -192,9 +214,9 @@ def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir,
             for p in model.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
         model.zero_grad()
-        loss = trainer._compute_loss(model, loss_inputs(trainer, seed=2))
+        loss = policy_loss(trainer, model, loss_inputs(trainer, seed=2))
         trainer.accelerator.backward(loss)  # what Trainer.training_step does with the returned loss
-        return loss.detach(), grads(model), trainer.step_ledger
+        return loss.detach(), grads(model), trainer.accounting.step_ledger
 
     whole_loss, whole_grads, whole_ledger = loss_and_grads()
     chunked_loss, chunked_grads, chunked_ledger = loss_and_grads(backward_chunk_rows=chunk_rows)
@@ -221,7 +243,7 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     def loss_and_grads(method):
         trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat", beta=beta, backward_chunk_rows=chunk_rows,
                                       forward_chunk_rows=2, mini_batches=mini_batches)
-        trainer.method = method
+        trainer.actor.method = method
         with torch.no_grad():  # a policy away from the reference, so the KL term has a gradient
             for p in model.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -230,9 +252,9 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
                                   raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group",
                                   rollout_advantages=raw[f"{ROLLOUT_KEY_PREFIX}rollout_advantages"])
         prepared = prepare_batch(method, batch, trainer.step_context())
-        inputs = trainer._before_updates(trainer._reduced_batch(raw, prepared, torch.device("cpu")))
+        inputs = before_updates(trainer, reduced_inputs(raw, prepared, torch.device("cpu")))
         model.zero_grad()
-        loss = trainer._compute_loss(model, inputs)
+        loss = policy_loss(trainer, model, inputs)
         trainer.accelerator.backward(loss)
         return loss.detach(), grads(model), trainer, inputs
 
@@ -251,18 +273,17 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
         return sum(int(packed_rows(c).valid.sum()) - max(int(sampled[c.rows].sum()), 1)
                    for c in row_chunks(inputs, rows_per_chunk))
 
-    head = forward_flops(trainer.model_shape, 0, 1, 0)  # 2 N_head per logit position
+    head = forward_flops(trainer.accounting.model_shape, 0, 1, 0)  # 2 N_head per logit position
     # forward + backward over forward_chunk_rows = 2 rows; with backward chunks, a no-grad pass over those and the
     # forward + backward over one-row chunks. The KL reference runs once, before the updates, over 2-row chunks
     saved = head * skipped(2) + 3.0 * head * skipped(1) if chunk_rows else 3.0 * head * skipped(2)
-    assert every_trainer.step_ledger.flops["train"] - trainer.step_ledger.flops["train"] == pytest.approx(saved)
+    every, picked = every_trainer.accounting.step_ledger.flops, trainer.accounting.step_ledger.flops
+    assert every["train"] - picked["train"] == pytest.approx(saved)
     if beta > 0:
-        assert every_trainer.step_ledger.flops["reference"] - trainer.step_ledger.flops["reference"] == \
-            pytest.approx(head * skipped(2))
+        assert every["reference"] - picked["reference"] == pytest.approx(head * skipped(2))
     if mini_batches > 1:  # the old-policy pass before the updates skips the same logits (loss against it: above)
         assert f"{ROLLOUT_KEY_PREFIX}old_logp" in inputs
-        assert every_trainer.step_ledger.flops["old_logp"] - trainer.step_ledger.flops["old_logp"] == \
-            pytest.approx(head * skipped(2))
+        assert every["old_logp"] - picked["old_logp"] == pytest.approx(head * skipped(2))
 
 
 def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path):
@@ -274,14 +295,13 @@ def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path
             return torch.zeros_like(batch.completion_mask, dtype=torch.bool)
 
     trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat")
-    trainer.method = TooFewPositions(NAT.Config(scheme="urs"))
+    trainer.actor.method = TooFewPositions(NAT.Config(scheme="urs"))
     raw = raw_inputs()
     batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
                               raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
-    inputs = trainer._reduced_batch(raw, prepare_batch(trainer.method, batch, trainer.step_context()),
-                                    torch.device("cpu"))
+    inputs = reduced_inputs(raw, prepare_batch(trainer.method, batch, trainer.step_context()), torch.device("cpu"))
     with pytest.raises(ValueError, match="outside its loss_positions"):
-        trainer._compute_loss(model, inputs)
+        policy_loss(trainer, model, inputs)
 
 
 def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
@@ -289,10 +309,10 @@ def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
 
     trainer, _ = make_trainer(tiny_model_dir, tmp_path, beta=0.1, clip_ratio_c=3.0, kl_estimator="low_var_kl",
                               clip_eps_low=0.1, clip_eps_high=0.3)
-    assert trainer._loss_config(trainer.step_context()) == LossConfig(
+    assert loss_config(trainer.preset.train, trainer.step_context()) == LossConfig(
         clip_eps_low=0.1, clip_eps_high=0.3, clip_ratio_c=3.0, beta=0.1, kl_estimator="low_var_kl")
     trainer, _ = make_trainer(tiny_model_dir, tmp_path)
-    assert trainer._loss_config(trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults
+    assert loss_config(trainer.preset.train, trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults
 
 
 def left_padded_inputs(seed: int, group_prompts: bool = False) -> dict:
@@ -340,11 +360,11 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
         batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
                                   raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
         prepared = prepare_batch(trainer.method, batch, trainer.step_context())
-        inputs = trainer._before_updates(trainer._reduced_batch(raw, prepared, torch.device("cpu")))
+        inputs = before_updates(trainer, reduced_inputs(raw, prepared, torch.device("cpu")))
         model.zero_grad()
-        loss = trainer._compute_loss(model, inputs)
+        loss = policy_loss(trainer, model, inputs)
         trainer.accelerator.backward(loss)
-        return loss.detach(), grads(model), trainer.step_ledger, inputs
+        return loss.detach(), grads(model), trainer.accounting.step_ledger, inputs
 
     loss, packed_grads, ledger, inputs = loss_and_grads(True)
     padded_loss, padded_grads, padded_ledger, _ = loss_and_grads(False)
@@ -376,7 +396,7 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
 
 
 def trainer_shape(model_dir, tmp_path):
-    return make_trainer(model_dir, tmp_path)[0].model_shape
+    return make_trainer(model_dir, tmp_path)[0].accounting.model_shape
 
 
 def test_packed_rows_share_a_prompt_by_hand():
@@ -413,7 +433,7 @@ def test_fast_decode_gives_the_same_rollouts_and_losses(tiny_model_dir, tmp_path
 
     decoded = []
     sample = decode.sample
-    # records whether the decoder-layer step applied: TRL's fused forward is lifted while generating (adapter)
+    # records whether the decoder-layer step applied: TRL's fused forward is lifted while generating (patches)
     monkeypatch.setattr(decode, "sample", lambda model, *args, **kwargs: (
         decoded.append(decode.decoder_layer_step_applies(model)) or sample(model, *args, **kwargs)))
 
@@ -434,3 +454,43 @@ def test_fast_decode_gives_the_same_rollouts_and_losses(tiny_model_dir, tmp_path
     assert all(torch.equal(a, b) for a, b in zip(fast_rollouts, plain_rollouts, strict=True))
     assert not torch.equal(fast_rollouts[0], fast_rollouts[1])
     assert len(fast_losses) == 2 and fast_losses == plain_losses and any(loss != 0 for loss in fast_losses)
+
+
+def test_step_phases_add_up_to_the_step():
+    # each phase's seconds are added once; the train phase is the rest of the step
+    from harness.train.budget import ModelShape, StepAccounting
+
+    accounting = StepAccounting(ModelShape(n_body=1, n_head=1, n_layers=1, d_model=1), torch.device("cpu"))
+    for _ in range(2):
+        accounting.close_step({"generation": 3.0, "old_logp": 1.0, "reference": 0.5}, 10.0, lambda counts: counts)
+    seconds = accounting.ledger.seconds
+    assert seconds == {"generation": 6.0, "old_logp": 2.0, "reference": 1.0, "train": 11.0}
+    assert sum(seconds.values()) == accounting.ledger.step_seconds == 20.0 and accounting.ledger.steps == 2
+
+
+def test_the_actor_trains_without_a_grpo_trainer(tiny_model_dir):
+    # the actor alone: one process, a plain model; its gradient is the clipped surrogate's, token-mean
+    from types import SimpleNamespace
+
+    from harness.train.actor import Actor
+    from harness.train.budget import ModelShape, StepAccounting
+    from methods.base import StepContext
+    from methods.registry import get_method_class
+
+    model, _ = load_policy(tiny_model_dir)
+    train = PresetConfig(name="test").train
+    accounting = StepAccounting(ModelShape.of(model), torch.device("cpu"))
+    one_process = SimpleNamespace(num_processes=1, device=torch.device("cpu"), backward=lambda loss: loss.backward())
+    logged = {}
+    actor = Actor(get_method_class("uniform")(), train, accounting, one_process, logged.__setitem__, ())
+    inputs = raw_inputs()
+    model.zero_grad()
+    actor.policy_loss(model, inputs, StepContext(max_completion_length=6)).backward()
+    ours = grads(model)
+    model.zero_grad()
+    logp, _ = direct_logp_entropy(model, inputs)
+    mask = inputs["completion_mask"].float()
+    ((clipped_surrogate(logp, logp.detach(), inputs["advantages"]) * mask).sum() / mask.sum()).backward()
+    for a, b in zip(ours, grads(model), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert logged["loss/denominator"] == float(mask.sum()) and accounting.step_ledger.flops["train"] > 0

@@ -1,24 +1,25 @@
 """harness.report.verdicts: claims validation, the verdict rules on constructed intervals, Holm's correction by
 hand, and claims judged on score matrices."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness.config.schema import ConfigError
-from harness.report import bootstrap as stats
-from harness.report import verdicts
+from harness.report import power, sequential, verdicts
+from harness.report.intervals import DIFFERENCE_RANGE, Interval, holm_adjust, t_interval
+from harness.report.scores import CrossedVariance
 
 PATH = Path("configs/reported/paper-x.yaml")
 GOOD = {"method": "ktae", "benchmark": "mean", "metric": "greedy", "difference": 2.26, "kind": "improvement",
         "where": "Table 1"}
 
 
-def interval(estimate: float, seed_sd: float, seed_df: int = 2) -> stats.Interval:
+def interval(estimate: float, seed_sd: float, seed_df: int = 2) -> Interval:
     """A paired-difference interval with a seed part only (sd of the mean ``seed_sd``)."""
-    return stats.t_interval(estimate, stats.CrossedVariance(seed_sd**2, seed_df, 0.0, 99),
-                            bounds=stats.DIFFERENCE_RANGE)
+    return t_interval(estimate, CrossedVariance(seed_sd**2, seed_df, 0.0, 99), bounds=DIFFERENCE_RANGE)
 
 
 # --- claims validation --------------------------------------------------------------------------------------------
@@ -97,15 +98,80 @@ def test_parity_verdicts():
         assert verdict == expected, (estimate, iv)
 
 
+def test_parity_quotes_the_smallest_margin_the_sweep_establishes():
+    iv = interval(0.001, 0.001)  # [-0.33, 0.53] pts: the margin it establishes is +-0.5
+    verdict, reason = verdict_of(PARITY, iv)
+    assert verdict == "reproduced" and "smallest margin this sweep establishes is ±0.5" in reason
+    verdict, reason = verdict_of(PARITY, interval(0.005, 0.002), detectable=0.031)  # [-0.4, 1.4]
+    assert verdict == "inconclusive" and "establishes is ±1.4" in reason and "(±3.1 with 80% power)" in reason
+
+
+def test_headline_is_holm_unless_the_sweep_cannot_detect_the_claim():
+    iv = interval(0.03, 0.002)
+    strong = verdicts.Verdict(IMPROVEMENT, "reproduced", "", iv, detectable=0.015, holm="reproduced")
+    assert strong.headline == "reproduced" and not strong.underpowered
+    weak = dataclasses.replace(strong, detectable=0.037)  # detects 3.7 points where the paper claims 2
+    assert weak.underpowered and weak.headline == "insufficient replication (detects 3.7, claim 2.0)"
+    parity = verdicts.Verdict(PARITY, "inconclusive", "", iv, detectable=0.047, holm="inconclusive")
+    assert parity.headline == "insufficient replication (detects 4.7, claim 1.0)"  # the margin is the claim
+    assert dataclasses.replace(strong, holm="inconclusive").headline == "inconclusive"  # Holm leads, not per-claim
+    assert verdicts.Verdict(IMPROVEMENT, "not evaluated", "").headline == "not evaluated"
+
+
+def test_parity_detectable_is_the_margin_at_ninety_percent_per_side():
+    rng = np.random.default_rng(4)
+    differences = {"a": rng.normal(0.0, 0.05, (3, 40)) + rng.normal(0, 0.01, (3, 1))}
+    improvement = verdicts.judge(IMPROVEMENT, differences)
+    parity = verdicts.judge(PARITY, differences)
+    components = power.variance_components(differences)
+    assert improvement.detectable == pytest.approx(power.detectable_effect(components, 3, 0.80))
+    assert parity.detectable == pytest.approx(power.detectable_effect(components, 3, 0.90))
+    assert parity.detectable > improvement.detectable
+
+
+# --- group-sequential boundaries ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("looks, published", [
+    # Lan-DeMets O'Brien-Fleming-type spending, equally spaced looks, one-sided 0.025 (gsDesign sfLDOF; Jennison &
+    # Turnbull 2000, table 7.5)
+    (2, [2.963, 1.969]),
+    (3, [3.710, 2.511, 1.993]),
+    (4, [4.333, 2.963, 2.359, 2.014]),
+])
+def test_alpha_spending_boundaries_match_published_values(looks, published):
+    fractions = [(k + 1) / looks for k in range(looks)]
+    assert sequential.boundaries(fractions, 0.025) == pytest.approx(published, abs=2e-3)
+    assert sequential.obrien_fleming_spent(1.0, 0.025) == pytest.approx(0.025)
+
+
+def test_stage_seeds_and_look_decide_and_open_labels():
+    assert sequential.stage_seeds(2, 2, 7) == [2, 4, 6, 7]
+    with pytest.raises(ValueError, match="first"):
+        sequential.stage_seeds(1, 2, 7)
+    other = verdicts.Claim("n", "uniform", "mean", "avg@k", 2.0, "improvement", "here")
+    clear = verdicts.Verdict(IMPROVEMENT, "reproduced", "", interval(0.05, 0.002), p_reproduce=1e-9,
+                             p_contradict=1.0)
+    unclear = verdicts.Verdict(other, "inconclusive", "", interval(0.01, 0.01), p_reproduce=0.1, p_contradict=0.2)
+    first = sequential.look([clear, unclear], 2, [2, 4, 6])
+    # two claims: each test at 0.025 / 2, spent by the first of three looks: 1 - Phi(3.710 at 0.0125 ...)
+    assert first.level == pytest.approx(sequential.nominal_levels([1 / 3, 2 / 3, 1], 0.0125)[0])
+    assert first.decided == [clear] and first.open_labels == ["n", "uniform"] and first.next_seeds == 4
+    last = sequential.look([clear, unclear], 6, [2, 4, 6])
+    assert last.next_seeds is None and last.open_labels == []
+    with pytest.raises(ValueError, match="not a stage"):
+        sequential.look([clear], 3, [2, 4, 6])
+
+
 # --- Holm ---------------------------------------------------------------------------------------------------------
 
 
 def test_holm_by_hand():
     # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04)
-    assert verdicts.holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert verdicts.holm_adjust([0.5, 0.5]) == [1.0, 1.0]  # capped at 1
-    assert verdicts.holm_adjust([0.02]) == [0.02]  # a family of one: no correction
-    assert verdicts.holm_adjust([0.001, 0.001, 0.2]) == pytest.approx([0.003, 0.003, 0.2])
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjust([0.5, 0.5]) == [1.0, 1.0]  # capped at 1
+    assert holm_adjust([0.02]) == [0.02]  # a family of one: no correction
+    assert holm_adjust([0.001, 0.001, 0.2]) == pytest.approx([0.003, 0.003, 0.2])
 
 
 def test_holm_verdicts_beside_the_per_comparison_ones():
@@ -196,8 +262,8 @@ def test_paper_sweeps_carry_the_aa_label_the_papers_claim_kinds_and_their_traini
     'comparable'); each reported file says how long the paper trained, or that it is not public."""
     import yaml
 
+    from harness.config.loading import load_method
     from harness.config.paths import CONFIG_DIR
-    from harness.config.schema import load_method
     from harness.report.reported import load_reported
 
     for path in sorted((CONFIG_DIR / "sweeps").glob("paper-*.yaml")):

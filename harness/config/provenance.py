@@ -11,8 +11,10 @@ import subprocess
 
 import torch
 
+from harness.config.kernels import kernels_in_effect
+from harness.config.loading import dump_yaml
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import MethodSpec, Resolved, dump_yaml
+from harness.config.schema import MethodSpec, Resolved
 
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "lm-eval", "math-verify", "snakemake", "omegaconf",
             "vllm", "tokenizers", "datasets")
@@ -42,8 +44,20 @@ def git_state() -> dict[str, str | bool | None]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what the platform module says."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict:
-    info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "processor": platform.machine(), "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -81,4 +95,5 @@ def run_record(resolved: Resolved, spec: MethodSpec, seed: int, run_seed: int, d
     if external is None:
         record["resumed_from"] = resumed_from
     record.update(train_seconds=train_seconds, provenance=provenance(data_sha256))
+    record["provenance"]["kernels"] = kernels_in_effect(resolved.preset.cpu_kernels)
     return record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 from pathlib import Path
 
 import torch
@@ -17,11 +18,52 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from harness.config.schema import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them: a tokenizer transformers loads
+
+
+class ModelDirError(ValueError):
+    """A model directory that cannot hold a complete policy: the message names the directory and what is wrong."""
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete safetensors file (unreadable header, or shorter than its tensors need)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{path.name} is {size} bytes: no safetensors header"
+        header_size = struct.unpack("<Q", head)[0]
+        if 8 + header_size > size:
+            return f"{path.name} is truncated: {size} bytes, its header alone needs {8 + header_size}"
+        try:
+            header = json.loads(handle.read(header_size))
+        except ValueError:
+            return f"{path.name}: the safetensors header is not valid JSON (a damaged file)"
+    need = 8 + header_size + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    return f"{path.name} is truncated: {size} bytes of {need}" if size < need else None
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse a local model directory without config.json, a tokenizer or complete weights, naming what is missing
+    (transformers would fail later with a misleading message, e.g. that sentencepiece is not installed)."""
+    if not model_dir.is_dir():
+        raise ModelDirError(f"model directory {model_dir} does not exist (the run or checkpoint was not written)")
+    problems = [] if (model_dir / "config.json").is_file() else ["no config.json"]
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        problems.append(f"no tokenizer (none of {list(TOKENIZER_FILES)})")
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights and not (model_dir / "pytorch_model.bin").is_file():
+        problems.append("no weights (*.safetensors or pytorch_model.bin)")
+    problems += [problem for path in weights if (problem := safetensors_problem(path))]
+    if problems:
+        raise ModelDirError(f"model directory {model_dir} is incomplete: {'; '.join(problems)}")
 
 
 def load_policy(model_dir: str | Path, dtype: str = "float32", revision: str | None = None):
     """Model and tokenizer from a directory or hub id (the hub only where the cluster has access) at ``revision``
     (a hub branch, tag or commit; None: the default branch)."""
+    if Path(model_dir).exists():
+        check_model_dir(Path(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, revision=revision)
     model = AutoModelForCausalLM.from_pretrained(model_dir, revision=revision, dtype=TORCH_DTYPES[dtype])
     if tokenizer.pad_token is None:

@@ -11,18 +11,22 @@ Output: ``advantages`` float[B][T], ``weights`` float[B][T], ``keep`` 0/1[B], ``
 the policy loss of the batch exactly as the trainer computes it (``harness.train.hooks.loss_inputs_for`` and
 ``harness.train.loss.loss_of_rows``: sum(w l) / D plus the KL term, as one process with the one mean over the
 batch, ``train.loss_micro_batch_tokens`` = 0, computes it): ``loss``, ``clip_fraction`` (share of
-completion tokens whose gradient a clip removes: low, high or dual) and ``loss_metrics``.
+completion tokens whose gradient a clip removes: low, high or dual) and ``loss_metrics``. NaN and infinite
+values (from NaN rewards or -inf log-probs in the input) are written as ``null``, which JSON can hold, and
+``non_finite`` lists the keys that hold them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import torch
 
+from harness.config.loading import load_method, parse_overrides
 from harness.config.paths import CONFIG_DIR
-from harness.config.schema import ConfigError, load_method, parse_overrides
+from harness.config.schema import ConfigError
 from harness.data.files import read_json, write_json_atomic
 from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
 from harness.train.loss import LossConfig
@@ -65,6 +69,19 @@ def _method(label_or_name: str, overrides: list[str]):
 
     merged = OmegaConf.merge(OmegaConf.structured(cls.Config(**config)), parse_overrides(method_overrides))
     return cls(OmegaConf.to_object(merged))
+
+
+def finite_or_null(value, key: str, found: list[str]):
+    """``value`` with NaN and infinite floats replaced by None; their keys (``weights[3][7]``) appended to
+    ``found``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(key)
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v, f"{key}.{k}" if key else str(k), found) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_null(v, f"{key}[{i}]", found) for i, v in enumerate(value)]
+    return value
 
 
 def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, overrides: list[str]) -> dict:
@@ -118,5 +135,8 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
               "keep": result.keep.int().tolist(), "denominator": result.denominator, "metrics": result.metrics,
               "loss": result.loss, "clip_fraction": sum(result.loss_metrics[k] for k in clipped),
               "loss_metrics": result.loss_metrics}
+    non_finite: list[str] = []
+    output = finite_or_null(output, "", non_finite)
+    output["non_finite"] = non_finite
     write_json_atomic(out_file, output)
     return output

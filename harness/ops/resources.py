@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config.launch import training_processes, vllm_server_gpus
+from harness.config.loading import load_method
 from harness.config.paths import REPO_ROOT
-from harness.config.schema import JobResources, PresetConfig, Resolved, load_method
+from harness.config.schema import JobResources, PresetConfig, Resolved
 
 ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
 VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"

@@ -17,7 +17,8 @@ import numpy as np
 from harness.config.paths import WARMSTART_LABEL, SweepPaths, checkpoint_name
 from harness.config.schema import Resolved
 from harness.data.files import read_json, read_jsonl
-from harness.report import bootstrap as stats
+from harness.report.calibration import Calibration
+from harness.report.scores import per_problem_scores, score_matrix
 
 WARMSTART_CKPT = "ckpt-000"
 BASELINE_METHOD = "uniform"  # the registered name every difference is taken against
@@ -40,6 +41,8 @@ class Evidence:
     results: dict[tuple[str, int, str, str], dict]  # (label, seed, ckpt, bench) -> results.json
     run_rows: list[dict] = field(default_factory=list)  # one per (label, seed, ckpt, bench)
     failures: list[dict] = field(default_factory=list)  # runs left out: label, seed, stage, error head, log
+    calibration: Calibration | None = None  # the preset's A/A calibration, when its benchmarks are the sweep's
+    calibration_unused: str = ""  # why a calibration file of the preset is not used
 
     @property
     def metric_names(self) -> list[str]:
@@ -139,8 +142,8 @@ def _read_evaluations(paths: SweepPaths, evaluated: list[tuple[str, int, str]], 
             key = (label, seed, ckpt, bench)
             results[key] = read_json(_require(paths.results_file(*key)))
             rows = _samples(paths.samples_file(*key))
-            per_problem[key] = {"sampled": stats.per_problem_scores(rows, "sampled"),
-                                "greedy": stats.per_problem_scores(rows, "greedy")}
+            per_problem[key] = {"sampled": per_problem_scores(rows, "sampled"),
+                                "greedy": per_problem_scores(rows, "greedy")}
     return results, per_problem
 
 
@@ -173,11 +176,11 @@ def _score_matrices(per_problem: dict, groups: list[tuple[str, list[int], list[s
         for ckpt in ckpt_names:
             for bench in benches:
                 cells = [per_problem[(label, seed, ckpt, bench)] for seed in seeds]
-                scores[(label, ckpt, bench, f"avg@{k}")] = stats.score_matrix([c["sampled"] for c in cells],
-                                                                              problem_ids[bench])
+                scores[(label, ckpt, bench, f"avg@{k}")] = score_matrix([c["sampled"] for c in cells],
+                                                                        problem_ids[bench])
                 if all(set(problem_ids[bench]) <= set(c["greedy"]) for c in cells):
-                    scores[(label, ckpt, bench, "greedy")] = stats.score_matrix([c["greedy"] for c in cells],
-                                                                                problem_ids[bench])
+                    scores[(label, ckpt, bench, "greedy")] = score_matrix([c["greedy"] for c in cells],
+                                                                          problem_ids[bench])
     return scores
 
 

@@ -360,7 +360,7 @@ def claims_section(evidence: Evidence, reported: Reported | None) -> list[str]:
     parts = [f"<h2 id='claims'>Claims ({esc(evidence.final_ckpt)})</h2>",
              f"<p class='note'>{esc(claims_note(judged, reported))}</p>"]
     if judged:
-        parts.append(table(*claims_table(judged, training_reached(evidence), reported)))
+        parts.append(table(*claims_table(judged, training_reached(evidence), reported), "verdict (Holm)"))
     rows = detectability(evidence)
     if rows:
         parts += ["<h3>Detectable effects (paired, 80% power)</h3>", table(*detectability_table(rows), None)]

@@ -24,13 +24,16 @@ from pathlib import Path
 from harness.config.paths import CONFIG_DIR, SweepPaths
 from harness.config.schema import Resolved
 from harness.data.files import write_json_atomic, write_text_atomic
-from harness.report import bootstrap as stats
 from harness.report import html, plots
+from harness.report.bootstrap import N_RESAMPLES
+from harness.report.calibration import calibration_file, load_calibration
 from harness.report.evidence import Evidence, read_sweep
 from harness.report.fidelity import load_fidelity
 from harness.report.markdown import markdown
 from harness.report.reported import load_reported
+from harness.report.scores import CONFIDENCE
 from harness.report.summary import BOOTSTRAP_SEED, SUMMARY_COLUMNS, claim_verdicts, summarize
+from harness.report.training_noise import VARIANCE_BASES
 from harness.report.verdicts import Verdict
 
 
@@ -71,14 +74,26 @@ def verdict_record(v: Verdict) -> dict:
                "diff_ci_at_floor": None if iv is None else iv.rests_on_floor, "detectable": v.detectable,
                "p_reproduce": v.p_reproduce, "p_contradict": v.p_contradict, "holm_p_reproduce": v.holm_p_reproduce,
                "holm_p_contradict": v.holm_p_contradict}
-    return {**dataclasses.asdict(v.claim), "verdict": v.verdict, "reason": v.reason, "holm": v.holm,
+    return {**dataclasses.asdict(v.claim), "headline": v.headline, "verdict": v.verdict, "reason": v.reason,
+            "holm": v.holm, "variance": None if iv is None or iv.variance is None else iv.variance.basis,
             **{k: None if x is None or math.isnan(x) else x for k, x in numbers.items()}}  # no NaN in JSON
 
 
+def with_calibration(evidence: Evidence, path: Path) -> Evidence:
+    """The evidence with the preset's A/A calibration at ``path`` when it exists and fits the sweep's benchmarks."""
+    calibration = load_calibration(path)
+    if calibration is not None:
+        unused = calibration.mismatch({b: len(p) for b, p in evidence.problem_ids.items()})
+        evidence.calibration, evidence.calibration_unused = (None, unused) if unused else (calibration, "")
+    return evidence
+
+
 def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path | None = None,
-                      n_resamples: int = stats.N_RESAMPLES, fidelity_file: Path | None = None) -> list[Path]:
+                      n_resamples: int = N_RESAMPLES, fidelity_file: Path | None = None,
+                      calibration_path: Path | None = None) -> list[Path]:
     """Read the sweep, compute the statistics, write the tables, figures and report.html; return what was written."""
-    evidence = read_sweep(resolved, paths)
+    evidence = with_calibration(read_sweep(resolved, paths),
+                                calibration_path or calibration_file(resolved.preset.name))
     reported = load_reported(reported_file or CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")
     summary = summarize(evidence, reported, n_resamples)
     fidelity_file = fidelity_file or CONFIG_DIR / "fidelity" / f"{resolved.sweep.name}.yaml"
@@ -92,9 +107,12 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
         write_csv(evidence.run_rows, root / "leaderboard_runs.csv"),
         write_json_atomic(root / "leaderboard.json", {
             "config": resolved.to_dict(), "statistics": {
-                "confidence": stats.CONFIDENCE, "interval": "crossed seed x problem t interval (means, differences)",
+                "confidence": CONFIDENCE, "interval": "crossed seed x problem t interval (means, differences)",
                 "ci_at_floor": "the t interval is the residual floor: the seeds agreed more closely than their seed x "
-                               "problem residual implies (README, 'Known limit')",
+                               "problem residual implies (docs/statistics.md)",
+                "diff_variance": "the seed variance of the Δ interval: " + ", ".join(VARIANCE_BASES),
+                "verdict": "Holm-adjusted per table (the comparisons with the baseline), two-sided 5%",
+                "calibration": None if evidence.calibration is None else str(evidence.calibration.path.name),
                 "n_resamples": n_resamples, "bootstrap_seed": BOOTSTRAP_SEED},
             "summary": summary, "claims": [verdict_record(v) for v in claim_verdicts(evidence, reported)],
             "runs": evidence.run_rows}),

@@ -7,8 +7,10 @@ The notes (protocol, A/A calibration, unmatched budgets, reported numbers) are m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from harness.config.paths import REPO_ROOT
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
@@ -24,6 +26,7 @@ from harness.report.tables import (
     runs_table,
     select,
 )
+from harness.report.training_noise import CALIBRATED, MODERATED, POOLED
 from harness.report.verdicts import DEFAULT_CLAIM_POINTS, PARITY_MARGIN_POINTS, Verdict
 
 BUDGET_TOLERANCE = 0.05  # a run whose realised budget is more than 5% off its amount is flagged
@@ -40,9 +43,10 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
             f"T = {evidence.temperature:g}; greedy: one completion at T = 0. Budget: {budget.kind} = "
             f"{budget.amount:g}, compared at each checkpoint fraction. Seeds: {len(evidence.seeds)} "
             f"({', '.join(map(str, evidence.seeds))}); problems: {problems}. "
-            f"Intervals of means and Δ: 95% t intervals over seeds and problems (the seed part with S - 1 degrees of "
+            f"Intervals of means: 95% t intervals over seeds and problems (the seed part with S - 1 degrees of "
             f"freedom, never narrower than the seed x problem residual with (S - 1)(P - 1), the problem part with "
-            f"P - 1, README 'Intervals, verdicts and power'); IQM and P(X > Y): 95% percentile "
+            f"P - 1); of Δ: the same with the seed part pooled over the sweep's labels (below; docs/statistics.md); "
+            f"IQM and P(X > Y): 95% percentile "
             f"bootstrap ({n_resamples} resamples), seeds and problems resampled (problems within each benchmark). ")
     if evidence.baseline is None:
         note += ("This sweep has no `uniform` label, so there is no baseline: the Δ, P and verdict columns are "
@@ -50,19 +54,68 @@ def protocol_note(evidence: Evidence, resolved: Resolved, n_resamples: int) -> s
     else:
         note += (f"Δ: paired difference to `{evidence.baseline}` (same seed indices, same problems). P(X > Y): "
                  f"probability that a seed of the method beats a seed of the baseline (averaged over benchmarks for "
-                 f"the overview). Verdict 'tied' when the Δ interval covers 0; rank = 1 + the number of methods "
-                 f"whose paired difference to this one is significantly positive (equal ranks: not separated). "
-                 f"Each interval is 95% on its own, with no correction for comparing several methods: among many "
-                 f"methods one spurious 'better' or 'worse' is to be expected (the claims below add Holm's "
-                 f"correction).")
+                 f"the overview). Verdict 'better' / 'worse' when the Δ's two-sided p, Holm-adjusted over the "
+                 f"table's comparisons with the baseline, is below 5%, else 'tied'; rank = 1 + the number of methods "
+                 f"that beat this one, Holm-adjusted over all pairs of the table (equal ranks: not separated). Each "
+                 f"interval is 95% on its own: one that excludes 0 beside a 'tied' did not survive the correction.")
+    if evidence.baseline is not None and len(evidence.seeds) > 1:
+        note += " " + pooling_note(evidence)
     if len(evidence.seeds) == 1:
         note += (" **One seed only: the intervals cover problem sampling, not training randomness; read 'better' "
                  "and 'worse' with care.**")
     return note
 
 
+def pooling_note(evidence: Evidence) -> str:
+    """What the pooled Δ intervals assume, whether the sweep tests it, and the A/A calibration they use."""
+    n_labels, n_seeds = len(evidence.labels), len(evidence.seeds)
+    note = (f"**Pooled training noise:** the seed part of each Δ comes from all {n_labels} labels (a randomised-block "
+            f"analysis of the labels x seeds table, ({n_labels} - 1)({n_seeds} - 1) = "
+            f"{(n_labels - 1) * (n_seeds - 1)} degrees of freedom), each pair keeping its own seed x problem "
+            f"residual. This assumes every method's training noise is the same size. ")
+    note += (f"Where the labels' own seed variances spread more than sampling explains, each pair's noise is "
+             f"moderated toward its own (empirical Bayes, as limma; `{MODERATED[POOLED]}` in "
+             f"`diff_variance`). ")
+    if n_seeds == 2:
+        note += ("With 2 seeds the assumption is untested for any one method: its own seed variance has 1 degree of "
+                 "freedom. ")
+    note += (f"Where the assumption fails the intervals are too narrow, and no mark from a pair's own seeds can tell "
+             f"which ones (with normal noise their spread is independent of the estimate's error): "
+             f"{coverage_where_assumption_fails()} A method suspected of unstable training needs more seeds. ")
+    if evidence.calibration is not None:
+        note += (f"The noise is pooled with the preset's {evidence.calibration.describe()} for {evidence.avg_metric} "
+                 f"(`{CALIBRATED}` in `diff_variance`). ")
+    elif evidence.calibration_unused:
+        note += f"A/A calibration: {evidence.calibration_unused}. "
+    else:
+        note += "No A/A calibration of this preset (`snakemake calibrate`). "
+    return note + "Which variance each Δ used: `diff_variance` in leaderboard.csv."
+
+
+COVERAGE_FILE = REPO_ROOT / "results" / "bench" / "interval_coverage.json"  # studies/interval_coverage.py's output
+BROKEN_CELLS = {"noisy pair": "a method with 3x the others' training noise",
+                "collapse": "a baseline whose runs collapse 1 time in 10"}
+
+
+def coverage_where_assumption_fails(path: Path = COVERAGE_FILE) -> str:
+    """The report's rule's coverage in the simulated cells that break the assumption (mean over benchmarks, over the
+    simulated seed counts), from the coverage study's output; the situations alone when it is absent."""
+    if not path.is_file():
+        return "; ".join(BROKEN_CELLS.values()) + " (studies/interval_coverage.py measures how narrow)."
+    record = json.loads(path.read_text())
+    rule, seeds = record["settings"]["report_rule"], record["settings"]["seeds"]
+    phrases = []
+    for cell, situation in BROKEN_CELLS.items():
+        rates = [record["coverage"][f"{cell}/S={n}"]["mean"]["coverage"][rule] for n in seeds]
+        phrases.append(f"{situation} is covered {min(rates):.2f}-{max(rates):.2f}")
+    return (f"{'; '.join(phrases)} by the 95% intervals (mean over benchmarks, {seeds[0]}-{seeds[-1]} seeds, "
+            f"simulated: results/bench/interval_coverage.json).")
+
+
 def calibration_lines(evidence: Evidence, summary: list[dict]) -> list[str]:
-    """A/A verdicts: the statistics' calibration check (an A/A pair must come out tied)."""
+    """A/A verdicts: the statistics' check (an A/A pair must come out tied); 'calibrated' only when the preset's
+    A/A calibration backs the training noise the intervals use."""
+    tied = "tied (calibrated)" if evidence.calibration is not None else "tied"
     lines = []
     for a, b in calibration_pairs(evidence):
         pair = (a, b) if b == evidence.baseline else (b, a)
@@ -73,7 +126,7 @@ def calibration_lines(evidence: Evidence, summary: list[dict]) -> list[str]:
                 continue
             ok = all(v == "tied" for v in verdicts.values())
             detail = ", ".join(f"{bench}: {v}" for bench, v in verdicts.items())
-            lines.append(f"A/A `{pair[0]}` vs `{pair[1]}` at {ckpt}: {'tied (calibrated)' if ok else 'NOT tied'} "
+            lines.append(f"A/A `{pair[0]}` vs `{pair[1]}` at {ckpt}: {tied if ok else 'NOT tied'} "
                          f"({detail})" + ("" if ok else " — the intervals are too narrow for this sweep (more seeds?)"))
     return lines
 
@@ -120,8 +173,10 @@ def claims_note(judged: list[Verdict], reported: Reported | None) -> str:
             f"paper's difference (or shows the opposite), inconclusive when it covers both. Parity: reproduced "
             f"(equivalent) when the interval lies inside ±margin (default {PARITY_MARGIN_POINTS:g} point), "
             f"contradicted when it lies beyond it. Detectable: the paired effect this sweep's seeds x problems "
-            f"call 'reproduced' with 80% power. Holm: the same verdicts with the family-wise error over the "
-            f"{evaluated} evaluated claim(s) of this sweep held at 2.5% per side.")
+            f"call 'reproduced' with 80% power (parity: the margin it establishes with 80% power when the truth is "
+            f"0). The verdict is Holm's, the family-wise error over the {evaluated} evaluated claim(s) of this "
+            f"sweep held at 2.5% per side, unless the detectable effect exceeds the claim's effect: then "
+            f"'insufficient replication', whatever the interval shows (the per-claim verdict stands beside it).")
 
 
 def claims_lines(evidence: Evidence, reported: Reported | None) -> list[str]:

@@ -12,27 +12,33 @@ import json
 import numpy as np
 
 from harness.config.paths import WARMSTART_LABEL
-from harness.report import bootstrap as stats
-from harness.report import verdicts
+from harness.report import bootstrap, intervals, verdicts
+from harness.report.calibration import sweep_noise
 from harness.report.evidence import WARMSTART_CKPT, Evidence, spent_at
 from harness.report.reported import Reported
+from harness.report.scores import CONFIDENCE
+from harness.report.training_noise import TrainingNoise
 
 BOOTSTRAP_SEED = 0
 
 # ci_at_floor / diff_ci_at_floor: the t interval rests on the residual floor (``Interval.rests_on_floor``); empty
 # for the percentile intervals (IQM), which have none
+# diff_variance: which seed variance the Δ interval used (``training_noise.VARIANCE_BASES``); diff_p: its two-sided p;
+# diff_p_holm: Holm-adjusted over the table's comparisons with the baseline, which the verdict is called from
 SUMMARY_COLUMNS = ["ckpt", "budget_fraction", "method", "method_name", "bench", "metric", "statistic", "estimate",
                    "ci_low", "ci_high", "ci_at_floor", "baseline", "diff", "diff_ci_low", "diff_ci_high",
-                   "diff_ci_at_floor", "p_improvement", "p_improvement_ci_low", "p_improvement_ci_high", "verdict",
+                   "diff_ci_at_floor", "diff_variance", "diff_p", "diff_p_holm", "p_improvement",
+                   "p_improvement_ci_low", "p_improvement_ci_high", "verdict",
                    "rank", "reported", "n_seeds", "n_problems", "k", "temperature"]
 
 
-def summarize(evidence: Evidence, reported: Reported | None = None, n_resamples: int = stats.N_RESAMPLES,
+def summarize(evidence: Evidence, reported: Reported | None = None, n_resamples: int = bootstrap.N_RESAMPLES,
               seed: int = BOOTSTRAP_SEED) -> list[dict]:
-    """The tidy leaderboard: one row per (ckpt, method, bench or 'all', metric, statistic) with intervals."""
-    plan = stats.make_plan(len(evidence.seeds), {b: len(p) for b, p in evidence.problem_ids.items()},
-                           n_resamples, seed)
-    one_seed = stats.single_seed_plan(plan)
+    """The tidy leaderboard: one row per (ckpt, method, bench or 'all', metric, statistic) with intervals; the Δ
+    intervals pool the labels' training noise (``noise_at``)."""
+    plan = bootstrap.make_plan(len(evidence.seeds), {b: len(p) for b, p in evidence.problem_ids.items()},
+                               n_resamples, seed)
+    one_seed = bootstrap.single_seed_plan(plan)
     baseline = evidence.baseline
     rows = []
     for ckpt, fraction in [(WARMSTART_CKPT, 0.0), *evidence.ckpts.items()]:
@@ -41,18 +47,19 @@ def summarize(evidence: Evidence, reported: Reported | None = None, n_resamples:
             if not all((lab, ckpt, b, metric) in evidence.scores for lab in labels for b in evidence.benches):
                 continue
             mats = {lab: {b: evidence.scores[(lab, ckpt, b, metric)] for b in evidence.benches} for lab in labels}
-            rows += _summary_at(evidence, ckpt, fraction, metric, mats, labels,
-                                plan if ckpt != WARMSTART_CKPT else one_seed,
-                                baseline if ckpt != WARMSTART_CKPT else None, reported)
+            noise = noise_at(evidence, ckpt, metric) if ckpt != WARMSTART_CKPT else {}
+            rows += _holm_marked(_summary_at(evidence, ckpt, fraction, metric, mats, labels,
+                                             plan if ckpt != WARMSTART_CKPT else one_seed,
+                                             baseline if ckpt != WARMSTART_CKPT else None, reported, noise))
     return rows
 
 
 def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mats: dict[str, dict[str, np.ndarray]],
-                labels: list[str], plan: stats.BootstrapPlan, baseline: str | None,
-                reported: Reported | None) -> list[dict]:
+                labels: list[str], plan: bootstrap.BootstrapPlan, baseline: str | None, reported: Reported | None,
+                noise: dict[tuple[str, ...], TrainingNoise]) -> list[dict]:
     """Rows for one checkpoint and metric: per benchmark and over benchmarks, each label against the baseline."""
     benches = evidence.benches
-    ranks = _separation_ranks(mats, labels, benches)
+    ranks = _separation_ranks(mats, labels, benches, noise)
     rows = []
     for label in labels:
         common = {"ckpt": ckpt, "budget_fraction": fraction, "method": label,
@@ -66,51 +73,67 @@ def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mat
         for bench in benches:
             x = mats[label][bench]
             row = {**common, "bench": bench, "statistic": "mean", "n_problems": x.shape[1],
-                   **_interval("", stats.mean_interval(x))}
+                   **_interval("", intervals.mean_interval(x))}
             if compared:
-                row.update(_compare_on_bench(x, mats[baseline][bench], plan, bench))
+                row.update(_compare_on_bench(x, mats[baseline][bench], plan, bench, noise.get((bench,))))
             value = reported.get(label, bench) if reported and metric == evidence.avg_metric else None
             rows.append({**row, "rank": ranks[bench][label] if ranked else None,
                          "reported": None if value is None else value / 100, **spend})
         n_problems = sum(mats[label][b].shape[1] for b in benches)
-        for statistic, interval in stats.aggregate_intervals(mats[label], plan).items():
+        for statistic, interval in bootstrap.aggregate_intervals(mats[label], plan).items():
             row = {**common, "bench": "all", "statistic": statistic, "n_problems": n_problems,
                    **_interval("", interval)}
             if compared and statistic == "mean":
-                row.update(_compare_over_benches(mats[label], mats[baseline], plan))
+                row.update(_compare_over_benches(mats[label], mats[baseline], plan, noise.get(tuple(benches))))
             rows.append({**row, "rank": ranks["all"][label] if ranked and statistic == "mean" else None,
                          "reported": None, **spend})
     return rows
 
 
-def _separation_ranks(mats: dict[str, dict[str, np.ndarray]], labels: list[str],
-                      benches: list[str]) -> dict[str, dict[str, int]]:
-    """Bench (and 'all') -> label -> rank, from the paired differences between all labels."""
+def _separation_ranks(mats: dict[str, dict[str, np.ndarray]], labels: list[str], benches: list[str],
+                      noise: dict[tuple[str, ...], TrainingNoise]) -> dict[str, dict[str, int]]:
+    """Bench (and 'all') -> label -> rank, from the paired differences between all labels (Holm per table)."""
     pairs = [(a, b) for a in labels for b in labels if a != b]
-    ranks = {bench: stats.separation_ranks(labels, {(a, b): stats.paired_difference(
-        mats[a][bench], mats[b][bench]) for a, b in pairs}) for bench in benches}
-    ranks["all"] = stats.separation_ranks(labels, {(a, b): stats.aggregate_difference(mats[a], mats[b])
-                                                   for a, b in pairs})
+    ranks = {bench: intervals.separation_ranks(labels, {(a, b): intervals.paired_difference(
+        mats[a][bench], mats[b][bench], noise=noise.get((bench,))) for a, b in pairs}) for bench in benches}
+    ranks["all"] = intervals.separation_ranks(labels, {(a, b): intervals.aggregate_difference(
+        mats[a], mats[b], noise=noise.get(tuple(benches))) for a, b in pairs})
     return ranks
 
 
-def _compare_on_bench(x: np.ndarray, y: np.ndarray, plan: stats.BootstrapPlan, bench: str) -> dict:
-    """Method ``x`` against baseline ``y`` (both (S, P)) on one benchmark: Δ, P(X > Y), verdict."""
-    difference = stats.paired_difference(x, y)
-    improvement = stats.improvement_interval(x, y, plan, bench)
+def _compare_on_bench(x: np.ndarray, y: np.ndarray, plan: bootstrap.BootstrapPlan, bench: str,
+                      noise: TrainingNoise | None) -> dict:
+    """Method ``x`` against baseline ``y`` (both (S, P)) on one benchmark: Δ, P(X > Y)."""
+    difference = intervals.paired_difference(x, y, noise=noise)
+    return _comparison(difference, bootstrap.improvement_interval(x, y, plan, bench))
+
+
+def _compare_over_benches(x: dict[str, np.ndarray], y: dict[str, np.ndarray], plan: bootstrap.BootstrapPlan,
+                          noise: TrainingNoise | None) -> dict:
+    """Method ``x`` against baseline ``y`` (bench -> (S, P)) averaged over benchmarks: Δ, P(X > Y)."""
+    difference = intervals.aggregate_difference(x, y, noise=noise)
+    return _comparison(difference, bootstrap.aggregate_improvement(x, y, plan))
+
+
+def _comparison(difference: intervals.Interval, improvement: intervals.Interval) -> dict:
     return {**_interval("diff", difference), **_interval("p_improvement", improvement),
-            "verdict": stats.verdict(difference)}
+            "diff_variance": difference.variance.basis,
+            "diff_p": intervals.two_sided_p(difference)}
 
 
-def _compare_over_benches(x: dict[str, np.ndarray], y: dict[str, np.ndarray], plan: stats.BootstrapPlan) -> dict:
-    """Method ``x`` against baseline ``y`` (bench -> (S, P)) averaged over benchmarks: Δ, P(X > Y), verdict."""
-    difference = stats.aggregate_difference(x, y)
-    improvement = stats.aggregate_improvement(x, y, plan)
-    return {**_interval("diff", difference), **_interval("p_improvement", improvement),
-            "verdict": stats.verdict(difference)}
+def _holm_marked(rows: list[dict]) -> list[dict]:
+    """The verdicts of one checkpoint and metric: each table's (benchmark's, or the mean's) comparisons with the
+    baseline Holm-adjusted as one family ('better' / 'worse' at adjusted p < 0.05, else 'tied')."""
+    for bench in {r["bench"] for r in rows}:
+        family = [r for r in rows if r["bench"] == bench and r.get("diff_p") is not None]
+        adjusted = intervals.holm_adjust([r["diff_p"] for r in family])
+        for row, p in zip(family, adjusted, strict=True):
+            called = p < 1 - CONFIDENCE
+            row.update(diff_p_holm=p, verdict=("better" if row["diff"] > 0 else "worse") if called else "tied")
+    return rows
 
 
-def _interval(prefix: str, interval: stats.Interval) -> dict[str, float | bool]:
+def _interval(prefix: str, interval: intervals.Interval) -> dict[str, float | bool]:
     name = prefix or "estimate"
     stem = f"{prefix}_" if prefix else ""
     row = {name: interval.estimate, f"{stem}ci_low": interval.low, f"{stem}ci_high": interval.high}
@@ -125,6 +148,14 @@ def _mean_over_seeds(evidence: Evidence, label: str, ckpt: str) -> dict[str, flo
     spends = [spent_at(evidence, label, seed, ckpt) for seed in seeds]
     keys = sorted(set.intersection(*(set(s) for s in spends)))
     return {key: float(np.mean([s[key] for s in spends])) for key in keys if spends[0][key] is not None}
+
+
+def noise_at(evidence: Evidence, ckpt: str, metric: str) -> dict[tuple[str, ...], TrainingNoise]:
+    """The training noise pooled over the sweep's labels at ``ckpt`` per scope (``calibration.sweep_noise``), with
+    the preset's A/A calibration for the sampled metric it was measured on."""
+    mats = {lab: {b: evidence.scores[(lab, ckpt, b, metric)] for b in evidence.benches} for lab in evidence.labels
+            if all((lab, ckpt, b, metric) in evidence.scores for b in evidence.benches)}
+    return sweep_noise(mats, evidence.calibration if metric == evidence.avg_metric else None)
 
 
 def calibration_pairs(evidence: Evidence) -> list[tuple[str, str]]:
@@ -144,7 +175,9 @@ def claim_verdicts(evidence: Evidence, reported: Reported | None) -> list[verdic
     budget, with Holm's correction over them."""
     claims = reported.claims if reported and reported.claims else verdicts.default_claims(
         evidence.labels, {label: evidence.method_name(label) for label in evidence.labels}, evidence.baseline)
-    return verdicts.judge_claims(claims, evidence.scores, evidence.benches, evidence.final_ckpt, evidence.avg_metric)
+    noise = {metric: noise_at(evidence, evidence.final_ckpt, metric) for metric in evidence.metric_names}
+    return verdicts.judge_claims(claims, evidence.scores, evidence.benches, evidence.final_ckpt, evidence.avg_metric,
+                                 noise)
 
 
 def training_reached(evidence: Evidence) -> dict[str, dict[str, float]]:
@@ -171,4 +204,5 @@ def detectability(evidence: Evidence) -> list[dict]:
     """Per label against the baseline, per benchmark and the mean: variance components of the paired difference
     and the effect this sweep's seeds x problems detect at 80% power (``verdicts.detectability_rows``)."""
     return verdicts.detectability_rows(evidence.scores, evidence.labels, evidence.baseline, evidence.benches,
-                                       evidence.final_ckpt, evidence.avg_metric)
+                                       evidence.final_ckpt, evidence.avg_metric,
+                                       noise_at(evidence, evidence.final_ckpt, evidence.avg_metric))

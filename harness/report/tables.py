@@ -12,10 +12,10 @@ from harness.report.verdicts import Verdict
 
 Table = tuple[list[str], list[list[str]]]  # (header, body rows)
 
-FLOOR_MARK = "‡"  # after an interval that rests on the residual floor (``bootstrap.CrossedVariance.rests_on_floor``)
+FLOOR_MARK = "‡"  # after an interval that rests on the residual floor (``scores.CrossedVariance.rests_on_floor``)
 FLOOR_LEGEND = (f"{FLOOR_MARK} interval at the residual floor: the seeds agreed more closely than their seed x problem "
                 f"residual implies; with few seeds such an interval may still be too narrow when training randomness "
-                f"is large (README, 'Known limit'): more seeds settle it.")
+                f"is large (docs/statistics.md, 'Means'): more seeds settle it.")
 
 
 # --- cells --------------------------------------------------------------------------------------------------------
@@ -172,11 +172,12 @@ def paper_training_cell(reported: Reported | None) -> str:
 def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | None = None,
                  reported: Reported | None = None) -> Table:
     """One row per claim (``verdicts.Verdict``): the claim, where the paper says it, our paired difference, the
-    detectable effect, the verdict and why, and the verdict under Holm's correction with its adjusted p-values; the
+    detectable effect, the headline (the Holm verdict, or insufficient replication: ``Verdict.headline``), the
+    per-claim verdict and why, Holm's adjusted p-values; the
     difference carries ``FLOOR_MARK`` when its interval rests on the residual floor. Beside the verdict, how long
     the compared runs trained (``reached``: label -> ``summary.training_reached``) against the paper's run
     (``reported.training``): a verdict at a fraction of the paper's training is not a verdict on the paper's run."""
-    header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict", "why", "Holm verdict",
+    header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict (Holm)", "per-claim verdict", "why",
               "Holm p (reproduce, contradict)", "trained here (method; baseline)", "paper's run"]
     body = []
     reached = reached or {}
@@ -188,15 +189,16 @@ def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | N
         holm_p = "" if iv is None else f"{v.holm_p_reproduce:.3g}, {v.holm_p_contradict:.3g}"
         trained = "; ".join(f"{label}: {trained_cell(reached.get(label))}" for label in (v.claim.method,
                                                                                           v.claim.baseline))
-        body.append([v.claim.describe(), v.claim.where, difference, detectable, v.verdict, v.reason, v.holm, holm_p,
-                     trained, paper_training_cell(reported)])
+        body.append([v.claim.describe(), v.claim.where, difference, detectable, v.headline, v.verdict, v.reason,
+                     holm_p, trained, paper_training_cell(reported)])
     return header, body
 
 
 def detectability_table(rows: list[dict]) -> Table:
     """Per label and benchmark (or the mean): the paired difference's variance components and detectable effect."""
     header = ["method", "vs", "benchmark", "seeds x problems", "seed sd", "problem sd", "residual sd",
-              "detectable at 80% power"]
+              "detectable at 80% power", "seed variance"]
     body = [[r["method"], r["baseline"], r["bench"], f"{r['n_seeds']} x {r['n_problems']}", _points(r["seed_sd"]),
-             _points(r["problem_sd"]), _points(r["residual_sd"]), _points(r["detectable"])] for r in rows]
+             _points(r["problem_sd"]), _points(r["residual_sd"]), _points(r["detectable"]), r["variance"] or ""]
+            for r in rows]
     return header, body

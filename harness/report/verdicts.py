@@ -27,10 +27,17 @@ improvement the papers in configs/reported claim on their mean (+1.1 to +4.5 poi
 (a parity claim in configs/reported: the paper calls 8B comparable), so "equivalent" cannot hide a gain of the size
 these papers report as one.
 
-Each verdict is a pair of one-sided t tests on the interval's estimate, se and df (``bootstrap.p_value``): p_reproduce
+Each verdict is a pair of one-sided t tests on the interval's estimate, se and df (``intervals.p_value``): p_reproduce
 (H0: delta <= 0; parity: |delta| >= m) and p_contradict (H0: delta >= claimed; parity: |delta| <= m); a verdict is
 called at p < 0.025, which is exactly "the 95% interval excludes ...". Holm (1979, Scand. J. Statist. 6(2)) adjusts
 each of the two p-value families over all claims of the sweep: p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j)).
+
+The headline of a claim (``Verdict.headline``) is its Holm verdict, or "insufficient replication (detects X, claim
+Y)" when the sweep's detectable effect X exceeds the claim's effect Y (an improvement's difference, a parity
+claim's margin): such a sweep calls the claim mostly by chance, whichever way. For parity the detectable effect is
+the smallest margin the sweep establishes with 80% power when the truth is 0: TOST passes when both one-sided tests
+do, so each at ``PARITY_POWER`` = 90% gives >= 80% (``power.detectable_effect`` at 90%). The intervals and detectable
+effects pool the sweep's training noise over its labels (``training_noise.pooled_variance``) when given it.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ from pathlib import Path
 import numpy as np
 
 from harness.config.schema import ConfigError
-from harness.report import bootstrap as stats
 from harness.report import power
+from harness.report.intervals import Interval, difference_interval, holm_adjust, p_value
+from harness.report.scores import CONFIDENCE, CrossedVariance, crossed_variance
+from harness.report.training_noise import OWN, TrainingNoise
 
 KINDS = ("improvement", "parity")
 METRICS = ("avg@k", "greedy")
@@ -56,7 +65,8 @@ DEFAULT_CLAIM_POINTS = 2.0  # the default sweep's stand-in claim: each method im
 DEFAULT_BASELINE = "uniform"
 CLAIM_REQUIRED = {"method", "benchmark", "metric", "difference", "kind", "where"}
 CLAIM_KEYS = CLAIM_REQUIRED | {"baseline", "margin"}
-ALPHA_ONE_SIDED = (1 - stats.CONFIDENCE) / 2  # 0.025: the 95% interval's side
+ALPHA_ONE_SIDED = (1 - CONFIDENCE) / 2  # 0.025: the 95% interval's side
+PARITY_POWER = 1 - (1 - power.POWER) / 2  # each one-sided test of TOST at 90%: both pass with >= 80% (docstring)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,11 @@ class Claim:
     kind: str  # "improvement" or "parity"
     where: str
     margin: float = PARITY_MARGIN_POINTS
+
+    @property
+    def effect(self) -> float:
+        """The effect (points) the sweep must detect: an improvement's difference, a parity claim's margin."""
+        return self.difference if self.kind == "improvement" else self.margin
 
     def describe(self) -> str:
         scope = "mean over benchmarks" if self.benchmark == MEAN else self.benchmark
@@ -146,7 +161,7 @@ def default_claims(labels: Sequence[str], method_names: Mapping[str, str], basel
 
 def claim_effects(claims: Sequence[Claim]) -> list[float]:
     """The effect sizes (points) the claims need detected: an improvement's difference, a parity claim's margin."""
-    return sorted({c.difference if c.kind == "improvement" else c.margin for c in claims})
+    return sorted({c.effect for c in claims})
 
 
 # --- judging ------------------------------------------------------------------------------------------------------
@@ -160,7 +175,7 @@ class Verdict:
     claim: Claim
     verdict: str  # reproduced / contradicted / inconclusive / not judged / not evaluated
     reason: str
-    interval: stats.Interval | None = None
+    interval: Interval | None = None
     detectable: float | None = None
     p_reproduce: float = math.nan
     p_contradict: float = math.nan
@@ -168,18 +183,31 @@ class Verdict:
     holm_p_reproduce: float = math.nan
     holm_p_contradict: float = math.nan
 
+    @property
+    def underpowered(self) -> bool:
+        """The sweep's detectable effect exceeds the claim's effect (module docstring)."""
+        return self.detectable is not None and 100 * self.detectable > self.claim.effect
 
-def claim_pvalues(claim: Claim, interval: stats.Interval) -> tuple[float, float]:
+    @property
+    def headline(self) -> str:
+        """What the claims table leads with: the Holm verdict, or insufficient replication (module docstring)."""
+        if self.underpowered:
+            return (f"insufficient replication (detects {100 * self.detectable:.1f}, claim "
+                    f"{self.claim.effect:.1f})")
+        return self.holm or self.verdict
+
+
+def claim_pvalues(claim: Claim, interval: Interval) -> tuple[float, float]:
     """(p_reproduce, p_contradict), one-sided (module docstring)."""
     delta, margin = claim.difference / 100, claim.margin / 100
     if claim.kind == "improvement":
-        return stats.p_value(interval, 0.0, "greater"), stats.p_value(interval, delta, "less")
-    equivalent = max(stats.p_value(interval, -margin, "greater"), stats.p_value(interval, margin, "less"))
-    beyond = min(stats.p_value(interval, margin, "greater"), stats.p_value(interval, -margin, "less"))
+        return p_value(interval, 0.0, "greater"), p_value(interval, delta, "less")
+    equivalent = max(p_value(interval, -margin, "greater"), p_value(interval, margin, "less"))
+    beyond = min(p_value(interval, margin, "greater"), p_value(interval, -margin, "less"))
     return equivalent, beyond
 
 
-def decide(claim: Claim, interval: stats.Interval, p_reproduce: float, p_contradict: float,
+def decide(claim: Claim, interval: Interval, p_reproduce: float, p_contradict: float,
            detectable: float) -> tuple[str, str]:
     """(verdict, reason) from the two p-values at ALPHA_ONE_SIDED."""
     points = f"{claim.difference:+.2f}"
@@ -193,13 +221,15 @@ def decide(claim: Claim, interval: stats.Interval, p_reproduce: float, p_contrad
                 return "contradicted", "interval below 0: the opposite of the claim"
             return "contradicted", f"interval excludes the paper's {points}"
     else:
+        established = f"the smallest margin this sweep establishes is ±{100 * max(-interval.low, interval.high):.1f}"
         if p_reproduce < ALPHA_ONE_SIDED:
-            return "reproduced", f"interval inside ±{claim.margin:g} pts: equivalent"
+            return "reproduced", f"interval inside ±{claim.margin:g} pts: equivalent; {established}"
         if p_contradict < ALPHA_ONE_SIDED:
             return "contradicted", f"interval beyond ±{claim.margin:g} pts: not equivalent"
-    covers = "0 and the paper's " + points if claim.kind == "improvement" else f"the margin ±{claim.margin:g}"
-    return "inconclusive", (f"interval covers {covers}; this sweep detects {100 * detectable:.1f} pts at "
-                            f"{power.POWER:.0%} power")
+        return "inconclusive", (f"interval covers the margin ±{claim.margin:g}; {established} (±"
+                                f"{100 * detectable:.1f} with {power.POWER:.0%} power)")
+    return "inconclusive", (f"interval covers 0 and the paper's {points}; this sweep detects "
+                            f"{100 * detectable:.1f} pts at {power.POWER:.0%} power")
 
 
 def claim_differences(claim: Claim, scores: Mapping[tuple[str, str, str, str], np.ndarray], benches: Sequence[str],
@@ -213,13 +243,14 @@ def claim_differences(claim: Claim, scores: Mapping[tuple[str, str, str, str], n
     return {b: scores[(claim.method, ckpt, b, metric)] - scores[(claim.baseline, ckpt, b, metric)] for b in scope}
 
 
-def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None) -> Verdict:
-    """The per-comparison verdict of one claim from its paired-difference matrices."""
+def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None,
+          noise: TrainingNoise | None = None) -> Verdict:
+    """The per-comparison verdict of one claim from its paired-difference matrices, with the sweep's pooled training
+    noise for the claim's scope when given."""
     if differences is None:
         return Verdict(claim, "not evaluated", "the sweep has no scores for this method, baseline, benchmark or "
                                                "metric at the full budget")
-    estimate = float(np.mean([d.mean() for d in differences.values()]))
-    interval = stats.t_interval(estimate, stats.crossed_variance(differences), bounds=stats.DIFFERENCE_RANGE)
+    interval = difference_interval(differences, noise)
     n_seeds = next(iter(differences.values())).shape[0]
     if n_seeds < 2:  # a rehearsal, or a pilot: the interval would be over problems only
         return Verdict(claim, NOT_JUDGED, "one seed per label: the interval holds the problems' sampling, not "
@@ -227,22 +258,19 @@ def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None) -> Verdict
     if interval.high == interval.low:
         return Verdict(claim, NOT_JUDGED, "every paired difference is the same (e.g. both at 0 on every problem): an "
                                           "interval without width says nothing about the claim", interval)
-    detectable = (power.detectable_effect(power.variance_components(differences), n_seeds)
-                  if n_seeds > 1 else None)
+    components = pair_components(differences, interval.variance, noise)
+    detectable = power.detectable_effect(components, n_seeds,
+                                         PARITY_POWER if claim.kind == "parity" else power.POWER)
     p_reproduce, p_contradict = claim_pvalues(claim, interval)
     verdict, reason = decide(claim, interval, p_reproduce, p_contradict, detectable)
     return Verdict(claim, verdict, reason, interval, detectable, p_reproduce, p_contradict)
 
 
-def holm_adjust(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input order."""
-    p = np.asarray(p_values, dtype=float)
-    order = np.argsort(p, kind="stable")
-    m = len(p)
-    stepped = np.minimum(1.0, (m - np.arange(m)) * p[order])
-    adjusted = np.empty(m)
-    adjusted[order] = np.maximum.accumulate(stepped)
-    return adjusted.tolist()
+def pair_components(differences: Mapping[str, np.ndarray], variance: CrossedVariance,
+                    noise: TrainingNoise | None) -> power.VarianceComponents:
+    """The variance components behind a pair's interval: its seed part pooled where the interval's is."""
+    own = power.variance_components(differences)
+    return own.pooled(noise.for_pair(crossed_variance(differences))) if variance.basis != OWN else own
 
 
 def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -261,15 +289,27 @@ def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
 
 
 def judge_claims(claims: Sequence[Claim], scores: Mapping[tuple[str, str, str, str], np.ndarray],
-                 benches: Sequence[str], ckpt: str, avg_metric: str) -> list[Verdict]:
-    """Every claim judged at ``ckpt`` (the full budget), with Holm over the evaluated ones."""
-    return with_holm([judge(c, claim_differences(c, scores, benches, ckpt, avg_metric)) for c in claims])
+                 benches: Sequence[str], ckpt: str, avg_metric: str,
+                 noise: Mapping[str, Mapping[tuple[str, ...], TrainingNoise]] | None = None) -> list[Verdict]:
+    """Every claim judged at ``ckpt`` (the full budget), with Holm over the evaluated ones; ``noise``: metric ->
+    scope (sorted benchmark tuple) -> the sweep's pooled training noise."""
+    noise = noise or {}
+    judged = []
+    for claim in claims:
+        metric = avg_metric if claim.metric == "avg@k" else "greedy"
+        scope = tuple(sorted(benches)) if claim.benchmark == MEAN else (claim.benchmark,)
+        judged.append(judge(claim, claim_differences(claim, scores, benches, ckpt, avg_metric),
+                            noise.get(metric, {}).get(scope)))
+    return with_holm(judged)
 
 
 def detectability_rows(scores: Mapping[tuple[str, str, str, str], np.ndarray], labels: Sequence[str],
-                       baseline: str | None, benches: Sequence[str], ckpt: str, metric: str) -> list[dict]:
+                       baseline: str | None, benches: Sequence[str], ckpt: str, metric: str,
+                       noise: Mapping[tuple[str, ...], TrainingNoise] | None = None) -> list[dict]:
     """Per label vs the baseline, per benchmark and the mean: variance components (sd in points) of the paired
-    difference and the detectable effect at 80% power for this sweep's S x P (points; None with one seed)."""
+    difference, pooled as its interval is (``noise``: scope -> the sweep's training noise), which variance that is,
+    and the detectable effect at 80% power for this sweep's S x P (points; None with one seed)."""
+    noise = noise or {}
     rows = []
     if baseline is None:
         return rows
@@ -283,9 +323,12 @@ def detectability_rows(scores: Mapping[tuple[str, str, str, str], np.ndarray], l
             n_seeds = next(iter(differences.values())).shape[0]
             row = {"method": label, "baseline": baseline, "bench": scope, "n_seeds": n_seeds,
                    "n_problems": sum(d.shape[1] for d in differences.values()), "seed_sd": None, "problem_sd": None,
-                   "residual_sd": None, "detectable": None}
+                   "residual_sd": None, "detectable": None, "variance": None}
             if n_seeds > 1:
-                comp = power.variance_components(differences)
+                scope_noise = noise.get(tuple(sorted(chosen)))
+                interval = difference_interval(differences, scope_noise)
+                comp = pair_components(differences, interval.variance, scope_noise)
+                row["variance"] = interval.variance.basis
                 row.update(seed_sd=100 * math.sqrt(comp.seed),
                            problem_sd=100 * math.sqrt(max(comp.problem.values())),
                            residual_sd=100 * math.sqrt(max(comp.residual.values())),

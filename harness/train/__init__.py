@@ -1,1 +1,2 @@
-"""Training: the TRL adapter (the only TRL import), method hooks, token statistics, the budget ledger, a run."""
+"""Training: the TRL boundary (harness.train.trl, the only TRL import), the actor (forwards, loss, update
+schedule), method hooks, token statistics, the budget ledger, a run."""

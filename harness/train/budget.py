@@ -33,13 +33,17 @@ set size on CPU (``ru_maxrss``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import resource
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 import torch
 
 from harness.config.choices import BUDGET_KINDS
+from harness.data.files import write_json_atomic
 
 # old_logp: the rollout policy's log-probs, one no-grad forward per generation batch when it feeds several optimizer
 # steps (train.mini_batches x train.ppo_epochs > 1)
@@ -207,3 +211,115 @@ class BudgetLedger:
         out.update({f"flops/{p}_total": v for p, v in self.flops.items()})
         out.update({f"seconds/{p}_total": v for p, v in self.seconds.items()})
         return out
+
+
+LEDGER_FILE = "harness_budget.json"  # the budget ledger, saved in each resumable trainer checkpoint
+DIGEST_STEPS = 8  # the first optimizer steps whose rollout and weight digests run.json lists (`harness verify`)
+
+
+def tensors_sha256(named: list[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over tensors' names, dtypes, shapes and bytes, in the given order: equal iff bit-identical."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """The digest of a model's trainable weights (this process's: under ZeRO-3 or FSDP its shards)."""
+    return tensors_sha256(sorted((n, p) for n, p in model.named_parameters() if p.requires_grad))
+
+
+@dataclass
+class RunDigests:
+    """What makes a run's divergence from a replay visible: a sha256 chain over the completion token ids of every
+    generation batch in order (``rollouts``: each link hashes the previous link and one batch), for each of the
+    first ``DIGEST_STEPS`` optimizer steps that chain and the weights after the step (``first_steps``), and at each
+    budget checkpoint the chain and the full weights saved (``checkpoints``, the main process's). Each process
+    digests its own rollouts; run.json records the main process's."""
+
+    rollouts: str = ""
+    first_steps: list[dict] = field(default_factory=list)
+    checkpoints: dict[str, dict] = field(default_factory=dict)
+
+    def add_rollouts(self, completion_ids: torch.Tensor) -> None:
+        """One generation batch (B, T) of this process, padding included, chained to the batches before it."""
+        self.rollouts = hashlib.sha256((self.rollouts + tensors_sha256([("completion_ids", completion_ids)]))
+                                       .encode()).hexdigest()
+
+    def close_step(self, step: int, model: torch.nn.Module) -> None:
+        if step <= DIGEST_STEPS:
+            self.first_steps.append({"step": step, "rollouts_sha256": self.rollouts,
+                                     "weights_sha256": weights_sha256(model)})
+
+
+class StepAccounting:
+    """The budget of a run as it trains: the run's totals (``ledger``, identical on every process), what this
+    process counted in the current step (``step_ledger``), the phase clock, and the budget checkpoints saved so far.
+    Generation and forwards are counted as they run; ``close_step`` (the BudgetCallback, at each optimizer step's
+    end) adds the step's counts, summed over the processes, to the totals."""
+
+    def __init__(self, model_shape: ModelShape, device: torch.device):
+        self.model_shape = model_shape
+        self.device = device
+        self.clock = PhaseClock(device)
+        self.ledger = BudgetLedger()
+        self.step_ledger = BudgetLedger()
+        self.saved_checkpoints: dict[str, dict] = {}  # budget checkpoint name -> step, spend and digests when saved
+        self.digests = RunDigests()
+
+    def count_generation(self, prompt_lengths: list[int], completion_lengths: list[int]) -> None:
+        ledger = self.step_ledger
+        ledger.samples += len(prompt_lengths)
+        ledger.prompt_tokens += int(sum(prompt_lengths))
+        ledger.generated_tokens += int(sum(completion_lengths))
+        ledger.flops["generation"] += generation_flops(self.model_shape, prompt_lengths, completion_lengths)
+
+    def count_forward(self, phase: str, flops: float, positions: int, backward: bool) -> None:
+        """One forward of ``positions`` computed positions in ``phase``; x3 FLOPs when a backward follows."""
+        self.step_ledger.flops[phase] += flops * (3.0 if backward else 1.0)  # backward ~ 2x forward
+        self.step_ledger.forwarded_positions += positions
+        if backward:
+            self.step_ledger.trained_positions += positions
+
+    def close_step(self, seconds: dict[str, float], step_seconds: float, sum_over_processes) -> None:
+        """Adds this step's counts, summed over the processes (``sum_over_processes``: a float64 tensor's sum over
+        them), to the run's totals: every process then holds the same totals and takes the same stop decision;
+        seconds become accelerator-seconds (summed over devices). The train phase is the rest of the step, so the
+        phases add up to the step."""
+        local = self.step_ledger
+        local.step_seconds += step_seconds
+        for phase in ("generation", "old_logp", "reference"):
+            local.seconds[phase] += seconds.get(phase, 0.0)
+        local.seconds["train"] += (step_seconds - seconds.get("generation", 0.0) - seconds.get("old_logp", 0.0)
+                                   - seconds.get("reference", 0.0))
+        counts = sum_over_processes(torch.tensor(local.counters(), dtype=torch.float64, device=self.device))
+        self.ledger.add_counters(counts.cpu().tolist())
+        self.ledger.steps += 1
+        self.step_ledger = BudgetLedger()
+
+    def save(self, folder: Path, run_key: str, prompt_stream_cursor: int) -> None:
+        """The ledger beside a trainer checkpoint's weights, so a resumed run continues the budget count and the
+        digest chain."""
+        write_json_atomic(folder / _digests_file(), asdict(self.digests))  # before the ledger marks it complete
+        write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(), "run_key": run_key,
+                                                 "saved_checkpoints": self.saved_checkpoints,
+                                                 "prompt_stream_cursor": prompt_stream_cursor})
+
+    def restore(self, folder: Path) -> int:
+        """The ledger of a trainer checkpoint; returns dynamic sampling's prompt-stream position saved with it."""
+        saved = json.loads((folder / LEDGER_FILE).read_text())
+        self.ledger = BudgetLedger.from_dict(saved["ledger"])
+        self.saved_checkpoints = saved["saved_checkpoints"]
+        digests = folder / _digests_file()
+        # absent from checkpoints written before the digests: the chain then restarts at the resumed step
+        self.digests = RunDigests(**json.loads(digests.read_text())) if digests.is_file() else RunDigests()
+        return saved.get("prompt_stream_cursor", 0)  # absent from checkpoints before it
+
+
+def _digests_file() -> str:
+    """Each process's digests go in a file of its own beside the ledger (its rollouts are its own)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return f"harness_digests-{torch.distributed.get_rank() if distributed else 0}.json"

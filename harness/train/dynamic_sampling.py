@@ -1,6 +1,6 @@
 """DAPO's dynamic sampling (``train.dynamic_sampling``): which prompt groups a step trains on, when generation
 stops, which process trains which group, and where every round's prompts come from. Pure torch; the trainer
-(``harness/train/adapter.py``) generates and moves the groups between processes.
+(``harness/train/trl/trainer.py``) generates, and ``GroupExchange`` moves the groups between processes.
 
 As verl's DAPO recipe (``RayDAPOTrainer.fit``, ``algorithm.filter_groups``): a group whose rollouts all have the
 same accuracy (all correct or all wrong) carries no signal and is dropped; generation continues in rounds of
@@ -19,7 +19,7 @@ P = processes): whole groups, the same number on every process (mini-batches nee
 verl's data-parallel dispatch splits the kept batch in contiguous chunks (verl, with ``trainer.balance_batch``, also
 reorders single rollouts over ranks by length first; here a process keeps whole groups, whose advantages it
 computes). A group generated on one process and trained on another moves once, at the end of the step
-(``outgoing`` -> the trainer's exchange -> ``batch``); rewards and correctness do not move (the gather has them).
+(``outgoing`` -> ``GroupExchange`` -> ``batch``); rewards and correctness do not move (the gather has them).
 Each process holds on CPU only the groups that can still be trained (compact rows: int32 ids, bool masks, padding
 columns of the group cut), at most Q with signal and Q without over all processes.
 
@@ -227,3 +227,47 @@ def concat_rollouts(parts: list[dict[str, torch.Tensor]], pad_token_id: int) -> 
         "completion_ids": padded("completion_ids", completion_width, pad_token_id, left=False),
         "completion_mask": padded("completion_mask", completion_width, 0, left=False),
     }
+
+
+class GroupExchange:
+    """Moves the trained groups of a dynamically sampled step to the processes that train them."""
+
+    def __init__(self):
+        self._group = None  # a CPU (gloo) process group, made at the first exchange
+
+    def __call__(self, collector: GroupCollector, processes: int) -> dict:
+        """The trained groups this process did not generate, from the processes that did: point-to-point sends over
+        a CPU (gloo) process group, each group once, to the one process that trains it, as pickled compact rows
+        (int32 ids and bool masks without the group's shared padding columns: 5 bytes per token). Two phases, the
+        payload sizes, then the payloads. Cost per step: the moved groups (``dynamic_sampling/groups_moved``) x
+        num_generations x their padded prompt + completion tokens x 5 bytes, over all processes; a process receives
+        at most its prompts_per_step / processes groups. paper-8020 (512 groups of 16, up to ~22.5k tokens, 8
+        processes): at most ~0.9 GB moved per step when every group moves and every rollout has the maximum length,
+        at most ~115 MB received per process, plus a pickled copy on each side while it is sent; no GPU memory."""
+        if processes == 1:
+            return {}
+        import pickle
+
+        import torch.distributed as dist
+
+        if self._group is None and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")  # every process reaches its first exchange together
+        group = self._group
+        sends = {q: torch.frombuffer(bytearray(pickle.dumps(rows)), dtype=torch.uint8)
+                 for q, rows in collector.outgoing().items()}
+        sources = collector.sources()
+
+        def exchange(outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Tensor]) -> None:
+            works = [dist.isend(t, q, group=group) for q, t in outgoing.items()]
+            works += [dist.irecv(t, p, group=group) for p, t in incoming.items()]
+            for work in works:
+                work.wait()
+
+        sizes = {p: torch.zeros(1, dtype=torch.int64) for p in sources}
+        exchange({q: torch.tensor([len(t)], dtype=torch.int64) for q, t in sends.items()}, sizes)
+        payloads = {p: torch.empty(int(sizes[p]), dtype=torch.uint8) for p in sources}
+        exchange(sends, payloads)
+        received = {}
+        for p in sources:
+            received.update(pickle.loads(payloads[p].numpy().tobytes()))
+        return received

@@ -13,7 +13,7 @@ The KL term runs over every completion token with the baseline's aggregation (``
 method's selection: the penalty keeps the whole policy near the reference. A method may set its own (``w_kl``,
 ``D_kl``) in ``TokenWeights``: NAT's Horvitz-Thompson weights make the KL term of a random token subset unbiased.
 
-Metrics are returned, not logged (the adapter logs them): 0-dim detached tensors, so that a caller summing
+Metrics are returned, not logged (the actor logs them): 0-dim detached tensors, so that a caller summing
 them over row chunks does not synchronise with the device per chunk.
 """
 

@@ -24,7 +24,7 @@ Beyond L_max verl's ``min`` keeps falling linearly (below -factor) where the pap
 paper there (-factor). The two agree for every length generation can produce: TRL stops at max_completion_length.
 
 The term is a second TRL reward function, so TRL logs it apart (``rewards/overlong/mean``, beside
-``rewards/correct_<scorer>/mean``; ``reward`` is their sum) and the adapter's advantages use the sum of the reward
+``rewards/correct_<scorer>/mean``; ``reward`` is their sum) and the trainer's advantages use the sum of the reward
 functions, as verl's advantage uses ``score + overlong_reward``. Methods that read ``RolloutBatch.rewards`` (KTAE's
 correct/wrong split at R > 0) see the sum too, as in verl, where the reward tensor holds it.
 """

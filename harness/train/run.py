@@ -6,19 +6,25 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from harness.config.kernels import apply_cpu_kernels
+from harness.config.loading import dump_yaml
 from harness.config.paths import SweepPaths, checkpoint_name
 from harness.config.provenance import run_record
 from harness.config.schema import MethodSpec, Resolved
+from harness.config.snapshot import train_job_config
 from harness.data.files import sha256_file, write_json_atomic
 from harness.data.hub import source_checksums
 from harness.data.prepare import training_rows
 from harness.data.prompts import render_prompt
 from harness.model.checkpoints import load_policy
-from harness.train.budget import peak_memory_bytes
+from harness.train.budget import LEDGER_FILE, peak_memory_bytes
+from harness.train.progress import PROGRESS_FILE, ProgressLog
+from harness.train.trackers import TRACKER_FOLDERS, open_trackers
 
 
 def training_dataset(resolved: Resolved, paths: SweepPaths, tokenizer, seed: int):
@@ -34,8 +40,8 @@ def training_dataset(resolved: Resolved, paths: SweepPaths, tokenizer, seed: int
 def reward_functions(preset) -> list:
     """TRL reward functions of a run, summed into each rollout's reward: correctness, plus DAPO's soft overlong
     punishment when ``train.overlong`` turns it on."""
-    from harness.train.adapter import reward_function
     from harness.train.rewards import overlong_reward_functions
+    from harness.train.trl.settings import reward_function
 
     values = preset.train.reward_values
     return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s, values.correct, values.wrong),
@@ -44,20 +50,25 @@ def reward_functions(preset) -> list:
 
 def build_trainer(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths, run_dir: Path, *,
                   checkpoint_dirs: dict[float, Path] | None = None, metrics_path: Path | None = None,
-                  run_key: str = "", sample_batch_path: Path | None = None):
+                  run_key: str = "", sample_batch_path: Path | None = None, trackers: list | None = None,
+                  progress: ProgressLog | None = None):
     """The ``TargetedGRPOTrainer`` of one run: seeds every RNG with the run seed (``seed + spec.seed_offset``), loads
     the sweep's warm start, the training prompts in the order of the run seed, the method of ``spec`` and TRL's
     settings from the preset (``grpo_config``; TRL's own output under ``run_dir/trl``). Its ``BudgetCallback``
     saves the model at each budget fraction of ``checkpoint_dirs`` (fraction -> directory; none: never) and
-    appends every step's log to ``metrics_path`` (default ``run_dir/metrics.jsonl``). ``run_key`` identifies the
-    configuration in resumable checkpoints; ``sample_batch_path`` receives the first generation batch."""
+    appends every step's log to ``metrics_path`` (default ``run_dir/metrics.jsonl``) and to ``trackers``
+    (harness/train/trackers.py), and hands the spend after every step to ``progress``. ``run_key`` identifies the
+    configuration in resumable checkpoints; ``sample_batch_path`` receives the first generation batch. The preset's
+    ``cpu_kernels`` decide deterministic algorithms (harness/config/kernels.py)."""
     from transformers import set_seed
 
-    from harness.train.adapter import TargetedGRPOTrainer, grpo_config
     from harness.train.callbacks import BudgetCallback
+    from harness.train.trl.settings import grpo_config
+    from harness.train.trl.trainer import TargetedGRPOTrainer
     from methods.registry import get_method_class
 
     preset = resolved.preset
+    apply_cpu_kernels(preset.cpu_kernels)
     torch.set_num_threads(preset.train.threads)
     run_seed = seed + spec.seed_offset  # the sweep seed names the run; the offset separates A/A labels
     set_seed(run_seed)
@@ -71,19 +82,21 @@ def build_trainer(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepP
         preset=preset, run_seed=run_seed,
         sample_batch_path=sample_batch_path, run_key=run_key)
     metrics_path = metrics_path if metrics_path is not None else run_dir / "metrics.jsonl"
-    trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs or {}, metrics_path))
+    trainer.add_callback(BudgetCallback(trainer, checkpoint_dirs or {}, metrics_path, trackers, progress))
     return trainer
 
 
 def build_plain_trainer(resolved: Resolved, paths: SweepPaths, seed: int, run_dir: Path):
     """TRL's own ``GRPOTrainer`` on what ``build_trainer`` gives a run of seed ``seed``: the warm start, the prompts
-    in the same order, the reward and TRL's settings (``harness.train.adapter.plain_grpo_trainer``: DAPO loss, no
-    KL). No budget: it stops at ``args.max_steps``. The reference a harness step is timed against in bench/."""
+    in the same order, the reward and TRL's settings (``harness.train.trl.bench_probes.plain_grpo_trainer``:
+    DAPO loss, no KL). No budget: it stops at ``args.max_steps``. The reference a harness step is timed against in
+    bench/."""
     from transformers import set_seed
 
-    from harness.train.adapter import plain_grpo_trainer
+    from harness.train.trl.bench_probes import plain_grpo_trainer
 
     preset = resolved.preset
+    apply_cpu_kernels(preset.cpu_kernels)
     torch.set_num_threads(preset.train.threads)
     set_seed(seed)
     model, tokenizer = load_policy(paths.warmstart_dir, preset.train.master_dtype)
@@ -121,36 +134,49 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     run_dir = paths.run_dir(spec.label, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
-    preset_dict = resolved.to_dict()["preset"]
-    for section in ("train", "eval"):  # fast_decode gives the same tokens: a run resumes across it (and from before it)
-        preset_dict[section].pop("fast_decode", None)
-    run_key = hashlib.sha256(json.dumps([preset_dict, spec.name, spec.params.__dict__, run_seed],
-                                        sort_keys=True, default=str).encode()).hexdigest()
+    warmstart_digest = warmstart_sha256(paths.warmstart_dir)
+    key = run_key(resolved, spec, run_seed, paths, warmstart_digest)
     metrics_partial = run_dir / "metrics.jsonl.partial"
     # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared)
     processes = PartialState(cpu=not torch.cuda.is_available())
     with processes.main_process_first():  # the main process cleans up; the others then find the same state
-        resume_from = last_complete_checkpoint(run_dir / "trl", run_key)
+        resume_from = last_complete_checkpoint(run_dir / "trl", key)
         if resume_from is None:
             _clear_run_outputs(run_dir, budget.checkpoint_fractions)
+            _clear_progress_and_trackers(run_dir)
             metrics_partial.unlink(missing_ok=True)
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
+    main = processes.is_main_process
+    config = resolved.to_dict()
+    trackers = open_trackers(preset.train.report_to, run_dir, f"{resolved.sweep.name}/{spec.label}/seed{seed}",
+                             config, dump_yaml(config), int(resume_from.rsplit("-", 1)[1]) if resume_from else 0
+                             ) if main else []
+    progress = ProgressLog(run_dir, budget.kind, budget.amount, spent_at_start=0.0) if main else None
     trainer = build_trainer(resolved, spec, seed, paths, run_dir, checkpoint_dirs=checkpoint_dirs,
-                            metrics_path=metrics_partial, run_key=run_key,
-                            sample_batch_path=run_dir / "sample_batch.json")
+                            metrics_path=metrics_partial, run_key=key,
+                            sample_batch_path=run_dir / "sample_batch.json", trackers=trackers, progress=progress)
     finished = False
     if resume_from is not None:
         trainer.restore_ledger(Path(resume_from))
+        if progress is not None:  # the ETA extrapolates this job's own rate
+            progress.spent_at_start = trainer.ledger.spent(budget.kind)
         # killed after its last step but before run.json: nothing is left to train, and the metrics may already
         # have been moved into place
         finished = trainer.ledger.spent(budget.kind) >= budget.amount * (1 - 1e-9)
         if processes.is_main_process:
+            # the budget checkpoints saved after the trainer checkpoint resumed from: the run saves them again
+            _clear_run_outputs(run_dir, [f for f in budget.checkpoint_fractions
+                                         if checkpoint_name(f) not in trainer.saved_checkpoints])
             if (run_dir / "metrics.jsonl").is_file() and not metrics_partial.is_file():
                 (run_dir / "metrics.jsonl").replace(metrics_partial)
             _drop_metrics_after(metrics_partial, trainer.ledger.steps)
     started = time.perf_counter()
-    if not finished:
-        trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        if not finished:
+            trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        for tracker in trackers:
+            tracker.close()
     elapsed = time.perf_counter() - started
     missing = [d.name for d in checkpoint_dirs.values() if not d.is_dir()]
     if missing:
@@ -174,8 +200,29 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         train_seconds=elapsed, resumed_from=str(Path(resume_from).name) if resume_from else None,
         data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl"), **source_checksums(paths.data_dir)})
     record["precision"] = trainer.precision_in_use()
+    record["warmstart_sha256"] = warmstart_digest
+    record["digests"] = asdict(trainer.accounting.digests)  # `harness verify` replays against these
     write_json_atomic(run_dir / "run.json", record)
     return record
+
+
+def run_key(resolved: Resolved, spec: MethodSpec, run_seed: int, paths: SweepPaths,
+            warmstart_digest: str | None = None) -> str:
+    """What a trainer checkpoint is resumed under: the sweep's training configuration and the method
+    (``train_job_config``: not the eval settings nor the cluster resources, so a run killed at its time limit resumes
+    after the limit is raised), the run seed, and the contents of the warm start and of the training data (a warm
+    start or data regenerated since makes the run start afresh). ``warmstart_digest``: ``warmstart_sha256`` of the
+    warm start when the caller has it already."""
+    warmstart_digest = warmstart_digest or warmstart_sha256(paths.warmstart_dir)
+    identity = [train_job_config(resolved, spec), run_seed, warmstart_digest,
+                sha256_file(paths.data_dir / "train.jsonl")]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def warmstart_sha256(model_dir: Path) -> str:
+    """One sha256 over the warm start's files (weights, tokenizer, config), but warmstart.json (its build record)."""
+    files = sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != "warmstart.json")
+    return hashlib.sha256(json.dumps([[p.name, sha256_file(p)] for p in files]).encode()).hexdigest()
 
 
 def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
@@ -185,8 +232,6 @@ def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
     ledger, written last, marks a complete one; partial folders are removed so that no rerun picks them up.
     Checkpoints of another configuration (the config changed since) are removed too: the run starts afresh."""
     import shutil
-
-    from harness.train.adapter import LEDGER_FILE
 
     if not trl_dir.is_dir():
         return None
@@ -201,7 +246,8 @@ def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
 
 
 def _clear_run_outputs(run_dir: Path, fractions: list[float]) -> None:
-    """A fresh run removes what an earlier, unfinished one left (checkpoints, run.json)."""
+    """Remove run.json and the budget checkpoints of ``fractions`` (whole or partial) that an earlier, unfinished
+    run left: all of them for a fresh run, those it saves again for a resumed one."""
     import shutil
 
     (run_dir / "run.json").unlink(missing_ok=True)
@@ -211,9 +257,31 @@ def _clear_run_outputs(run_dir: Path, fractions: list[float]) -> None:
                 shutil.rmtree(leftover)
 
 
+def _clear_progress_and_trackers(run_dir: Path) -> None:
+    """A fresh run's progress file and tracker folders start empty (a resumed run keeps and continues them)."""
+    import shutil
+
+    (run_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    for folder in TRACKER_FOLDERS.values():
+        if (run_dir / folder).exists():
+            shutil.rmtree(run_dir / folder)
+
+
 def _drop_metrics_after(metrics_file: Path, step: int) -> None:
-    """Lines logged after the checkpoint being resumed from would be logged again: drop them."""
+    """Lines logged after the checkpoint being resumed from would be logged again: drop them, and a last line that a
+    kill cut short (its step is logged again too: a step is logged before its trainer checkpoint is saved)."""
     if not metrics_file.is_file():
         return
-    kept = [line for line in metrics_file.read_text().splitlines() if json.loads(line)["step"] <= step]
+    lines = metrics_file.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break
+            raise ValueError(f"{metrics_file}:{number}: not a JSON line ({exc}), and not the last line a kill could "
+                             "have cut short: the file is corrupt") from None
+        if record["step"] <= step:
+            kept.append(line)
     metrics_file.write_text("".join(line + "\n" for line in kept))

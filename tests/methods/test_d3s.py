@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 
 from harness.train.hooks import prepare_batch, run_hooks, weigh_tokens
 from methods.base import RolloutBatch, StepContext, TokenStats, aggregation_weights
@@ -40,12 +41,6 @@ def variance(values) -> float:
 
 def best_variance(values, size: int) -> float:
     return max(variance(subset) for subset in combinations(values, size))
-
-
-def clipped_surrogate(logp, old_logp, advantages, eps_low=0.2, eps_high=0.28):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    return -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
 
 
 small_values = st.lists(st.integers(-4, 4).map(lambda v: v / 2), min_size=1, max_size=8)

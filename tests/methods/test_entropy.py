@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 
 from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
@@ -20,13 +21,6 @@ def make_batch(mask: torch.Tensor, group_size: int = 2):
     rewards = torch.arange(B, dtype=torch.float32) % 2
     group_ids = torch.arange(B) // group_size
     return new_rollout_batch(torch.zeros(B, T, dtype=torch.long), mask, rewards, group_ids, "group")
-
-
-def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 def stats_of(logp, entropy, old_logp=None):
@@ -208,7 +202,7 @@ def test_gradient_matches_the_paper_loss(semantics):
     batch = make_batch(mask)
     out = Entropy(Entropy.Config(semantics=semantics)).token_weights(stats_of(logp, entropy, old_logp), batch, ctx)
     assert not out.weights.requires_grad
-    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, ctx)
+    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, ctx.clip_eps_low, ctx.clip_eps_high)
     (trainer_grad,) = torch.autograd.grad((out.weights * surrogate).sum() / out.denominator, logp, retain_graph=True)
     # 13 real tokens, rho = 0.2 -> k = ceil(2.6) = 3: H = 2.0 (0,3), 1.5 (1,0), 1.2 (2,1); TRL's threshold
     # quantile(H, 0.8) lies between 0.9 and 1.2, so it keeps the same three

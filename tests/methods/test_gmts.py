@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 
 from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import RolloutBatch, StepContext, TokenStats
@@ -28,13 +29,6 @@ def stats_of(entropy, logp=None, old_logp=None, ref_logp=None, sum_p2=None):
     logp = torch.zeros_like(entropy) if logp is None else logp
     return TokenStats(logp=logp, old_logp=logp.detach() if old_logp is None else old_logp, entropy=entropy,
                       ref_logp=ref_logp, sum_p2=sum_p2)
-
-
-def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 def test_trust_indicator_edge_cases():
@@ -221,7 +215,7 @@ def test_gradient_matches_the_official_loss(denominator):
     stats = stats_of(entropy, logp, old_logp)
     out = GMTS(GMTS.Config(denominator=denominator)).token_weights(stats, batch, CTX)
     assert not out.weights.requires_grad
-    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX)
+    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX.clip_eps_low, CTX.clip_eps_high)
     (trainer_grad,) = torch.autograd.grad((out.weights * surrogate).sum() / out.denominator, logp, retain_graph=True)
     # delta = H |r A| (no clipping at these ratios). Group 0 (10 tokens) keeps its 2 largest: 3.0 (1,4) and
     # 2.0 (0,1); group 1 (8 tokens) removes ceil(6.4) = 7 and keeps 2.5 * 1.05 * 0.5 (2,2)

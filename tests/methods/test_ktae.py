@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 from scipy.stats import fisher_exact
 
 from harness.train.hooks import new_rollout_batch, run_hooks
@@ -15,13 +16,6 @@ from methods.ktae import KTAE, TF_EPS, fisher_exact_two_sided, fisher_term_table
 from methods.uniform import Uniform
 
 CTX = StepContext(clip_eps_low=0.2, clip_eps_high=0.28)
-
-
-def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 def hand_batch(special_token_ids=()):
@@ -212,12 +206,13 @@ def test_gradient_matches_the_loss_with_additive_key():
     logp = torch.tensor([[-0.5, -1.0], [-2.0, -0.1], [-0.3, -0.2], [-1.5, -3.0], [-0.7, -0.4]], requires_grad=True)
     old_logp = logp.detach() + torch.tensor([[0.1, -0.4], [0.0, 0.3], [-0.5, 0.2], [0.1, 0.0], [0.4, -0.1]])
     out = KTAE().token_weights(TokenStats(logp, old_logp), batch, CTX)
-    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX)
+    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX.clip_eps_low, CTX.clip_eps_high)
     (trainer_grad,) = torch.autograd.grad((out.weights * surrogate).sum() / out.denominator, logp)
     A = ROLLOUT_A
     advantages = torch.tensor([[A + KEY_3, A], [A + KEY_3, A + KEY_3], [-A, -A - 1], [-A + KEY_3, -A - 1],
                                [SINGLE_A, SINGLE_A]])
-    direct = clipped_surrogate(logp, old_logp, advantages, CTX).mean()  # token-mean over all 10 tokens
+    # token-mean over all 10 tokens
+    direct = clipped_surrogate(logp, old_logp, advantages, CTX.clip_eps_low, CTX.clip_eps_high).mean()
     (direct_grad,) = torch.autograd.grad(direct, logp)
     assert torch.allclose(trainer_grad, direct_grad, atol=1e-6)
     assert float(direct_grad.abs().sum()) > 0

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 
 from harness.train.hooks import kl_weights_of, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, LossInputs, kl_estimate, loss_of_rows
@@ -33,12 +34,6 @@ def make_batch(lengths: list[int], width: int, vocab: int = 50, seed: int = 0) -
         advantages=adv[:, None] * mask,
         keep=torch.ones(len(lengths), dtype=torch.bool),
     )
-
-
-def clipped_surrogate(logp, old_logp, advantages, eps_low=0.2, eps_high=0.28):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    return -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
 
 
 def test_hand_computed_inclusion_for_a_short_rollout():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_formulas import clipped_surrogate
 
 from harness.train.hooks import new_rollout_batch, run_hooks
 from methods.base import AGGREGATIONS, StepContext, TokenStats
@@ -20,13 +21,6 @@ def make_batch(mask):
     B, T = mask.shape
     rewards = torch.arange(B, dtype=torch.float32) % 2
     return new_rollout_batch(torch.zeros(B, T, dtype=torch.long), mask, rewards, torch.arange(B) // 2, "group")
-
-
-def clipped_surrogate(logp, old_logp, advantages, ctx: StepContext):
-    """l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(logp - old_logp)."""
-    ratio = torch.exp(logp - old_logp)
-    clipped = torch.clamp(ratio, 1 - ctx.clip_eps_low, 1 + ctx.clip_eps_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -124,7 +118,7 @@ def test_gradient_matches_the_masked_loss(denominator):
     out = RSI(RSI.Config(denominator=denominator)).token_weights(TokenStats(logp, old_logp, entropy=entropy),
                                                                   batch, CTX)
     assert not out.weights.requires_grad
-    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX)
+    surrogate = clipped_surrogate(logp, old_logp, batch.advantages, CTX.clip_eps_low, CTX.clip_eps_high)
     (trainer_grad,) = torch.autograd.grad((out.weights * surrogate).sum() / out.denominator, logp, retain_graph=True)
     # RSI in [0.5, 2]: (0,0) 1.0, (0,2) 1.25, (0,3) 5 no, (0,1) 0.2 no; (1,0) 0.6, (1,1) 3 no, (1,2) 0.8;
     # (2,0) 1.0, (2,1) 0.45 no; (3,0) 1.9, (3,1) 0.25 no, (3,2) 0.4 no, (3,3) 0.55

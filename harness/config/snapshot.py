@@ -1,0 +1,139 @@
+"""The configuration a sweep's DAG was built from, frozen into a file its jobs run, and the parts of it that decide
+whether a job reruns (the Snakefile's digests) or a run resumes (``harness.train.run.run_key``).
+
+The Snakefile resolves the sweep once (sweep file, ``--config`` overrides, preset and method YAMLs) and writes the
+result to ``results/<sweep>/sweeps/<digest>.json``, named by the digest of its own text and never rewritten. Every
+job is handed that path: it reads no sweep, preset or method YAML, so a later parse (another ``--config``, an edited
+preset) cannot switch the jobs of a running sweep. ``load_snapshot`` refuses a file whose text no longer has its
+name's digest, and one written by the Snakefile of another checkout than the code reading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.config.launch import training_processes
+from harness.config.loading import merge_config
+from harness.config.paths import REPO_ROOT
+from harness.config.schema import ConfigError, MethodSpec, PresetConfig, Resolved, SweepConfig
+
+FORMAT = "harness-resolved-sweep/1"
+DIGEST_CHARS = 16
+
+
+def digest(obj: Any) -> str:
+    """A short hash of a JSON-able configuration part."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def is_snapshot(path: str | Path) -> bool:
+    """A ``--sweep`` argument that names a resolved sweep (a ``.json`` file) rather than a sweep YAML."""
+    return Path(path).suffix == ".json"
+
+
+def method_dict(spec: MethodSpec) -> dict:
+    """Everything of a method label but the label itself: what its runs are trained with."""
+    return {"method": spec.name, "seed_offset": spec.seed_offset, "checkpoint": spec.checkpoint,
+            "params": dataclasses.asdict(spec.params)}
+
+
+def snapshot_text(resolved: Resolved, checkout: Path) -> str:
+    """The resolved sweep as the text of its file: sweep, preset, the method labels' specs and the checkout whose
+    Snakefile wrote it (its code and results folder are the jobs')."""
+    content = {"format": FORMAT, "checkout": str(Path(checkout).resolve()), "source": resolved.source,
+               **resolved.to_dict(), "method_specs": {label: method_dict(spec)
+                                                      for label, spec in sorted(resolved.methods.items())}}
+    return json.dumps(content, sort_keys=True, indent=1) + "\n"
+
+
+def write_snapshot(resolved: Resolved, checkout: Path, folder: Path) -> Path:
+    """``folder/<digest>.json``: written once (atomically, so that two parses at once write one whole file), never
+    rewritten, since its name is the digest of its text."""
+    text = snapshot_text(resolved, checkout)
+    path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging.write_text(text)
+        os.replace(staging, path)
+    return path
+
+
+def load_snapshot(path: Path) -> Resolved:
+    """The ``Resolved`` (with its method specs) of a file ``write_snapshot`` wrote, validated again by the schema;
+    refused when its text does not match its name or when this code is not the checkout that wrote it."""
+    text = Path(path).read_text()
+    actual = hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+    if actual != Path(path).stem:
+        raise ConfigError(f"{path}: its text has digest {actual}, not the {Path(path).stem} of its name: it was "
+                          "changed after the Snakefile wrote it. A job runs only the configuration its DAG was "
+                          "built from: run snakemake again to resolve the sweep anew")
+    content = json.loads(text)
+    if content.get("format") != FORMAT:
+        raise ConfigError(f"{path}: key 'format' is {content.get('format')!r}, not {FORMAT!r}: not a resolved sweep "
+                          "written by the Snakefile")
+    check_checkout(Path(content["checkout"]), path)
+    origin = str(path)
+    sweep = merge_config(SweepConfig, [(origin, content["sweep"])])
+    preset = merge_config(PresetConfig, [(origin, content["preset"])])
+    methods = {label: method_spec(label, spec, origin) for label, spec in content["method_specs"].items()}
+    return Resolved(sweep, preset, content["source"], methods)
+
+
+def method_spec(label: str, spec: dict, origin: str) -> MethodSpec:
+    from methods.registry import get_method_class
+
+    params = merge_config(get_method_class(spec["method"]).Config,
+                          [(f"{origin} (method_specs.{label})", spec["params"])])
+    return MethodSpec(label, spec["method"], params, spec["seed_offset"], spec["checkpoint"])
+
+
+def check_checkout(checkout: Path, snapshot: Path) -> None:
+    """A job runs the code of the checkout whose Snakefile launched it, and writes into that checkout's results:
+    refuse to run another checkout's code (the Snakefile of one checkout run with the environment of another)."""
+    if checkout.resolve() != REPO_ROOT.resolve():
+        raise ConfigError(
+            f"{snapshot} was written by the Snakefile of checkout {checkout}, but this harness is the code of "
+            f"checkout {REPO_ROOT} (Python {sys.executable}): the job would run other code and write into "
+            f"{REPO_ROOT}. Run that Snakefile with its own checkout's environment ({checkout}/.venv/bin/snakemake "
+            f"after `make setup` there, or `pip install -e {checkout}` into the environment you use)")
+
+
+def training_config(resolved: Resolved) -> dict:
+    """What changes the training of every run of a sweep: the preset without its eval settings (but the reward's
+    scoring timeout), its cluster resources (but the number of training processes the batch is split over) and
+    ``train.fast_decode`` (the same tokens with less Python: harness/model/decode.py)."""
+    preset = resolved.to_dict()["preset"]
+    scoring_timeout_s = preset.pop("eval")["scoring_timeout_s"]
+    preset.pop("resources")
+    preset["train"].pop("fast_decode")
+    preset["train"].pop("report_to")  # where metrics are also logged: not what is trained
+    return {**preset, "reward_scoring_timeout_s": scoring_timeout_s,
+            "training_processes": training_processes(resolved.preset)}
+
+
+def evaluation_config(resolved: Resolved) -> dict:
+    """What changes an evaluation's results: the eval settings without ``job_scope`` (which only groups jobs) and
+    ``fast_decode`` (the same tokens), and the CPU kernels the generation runs on (``cpu_kernels``)."""
+    preset = resolved.to_dict()["preset"]
+    return {**{k: v for k, v in preset["eval"].items() if k not in ("job_scope", "fast_decode")},
+            "cpu_kernels": preset["cpu_kernels"]}
+
+
+def warmstart_config(resolved: Resolved) -> dict:
+    """What changes the warm start: the model, the warm-start and data settings and the CPU kernels."""
+    preset = resolved.to_dict()["preset"]
+    return {key: preset[key] for key in ("model", "warmstart", "data", "cpu_kernels")}
+
+
+def train_job_config(resolved: Resolved, spec: MethodSpec) -> dict:
+    """What a train job's result depends on besides its seed and its inputs' contents: the sweep's training
+    configuration and everything of the method label but its name (the registered method, its seed offset and
+    parameters: ``uniform`` and ``uniform-aa`` differ)."""
+    return {"training": training_config(resolved), "method": method_dict(spec)}

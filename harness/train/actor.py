@@ -1,0 +1,295 @@
+"""The policy side of a training step, free of TRL: log-probs for pi_old and pi_ref, the policy loss over row chunks
+and backward chunks, and the epoch x mini-batch update schedule (verl's ``dp_actor.update_policy``).
+
+One generation batch, once its rollouts are prepared (``harness.train.hooks.prepare_batch``) and reduced to the
+rows and columns the method kept (``harness.train.rollout_inputs``), is updated on as verl does it::
+
+    reduced = actor.before_updates(model, reduced, ctx)        # no-grad pi_old (several steps) and pi_ref (beta > 0)
+    for mini_batch in update_schedule(reduced, ...):           # epochs x mini-batches of whole prompt groups
+        loss = actor.policy_loss(model, mini_batch, ctx)        # forward (+ backward of all but the last row chunk)
+        backward(loss); clip gradients; optimizer.step()        # transformers' Trainer, one step per mini-batch
+
+The trainer (``harness.train.trl.trainer``) is the loop's driver: TRL's Trainer runs the backward, the clipping and
+the optimizer step, and asks ``_prepare_inputs`` for each step's mini-batch, which it takes from
+``update_schedule``. Everything the actor needs of the processes (all-reduce, backward, gradient accumulation,
+autocast) comes through ``Processes``; tests pass a one-process stand-in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
+
+import torch
+
+from harness.config.schema import TrainConfig
+from harness.train.budget import StepAccounting, packed_forward_flops, padded_forward_flops
+from harness.train.hooks import (
+    PreparedBatch,
+    denominator_parts,
+    loss_inputs_for,
+    weigh_tokens,
+    with_global_denominators,
+    with_row_scales,
+)
+from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
+from harness.train.micro_batches import balanced_micro_batches, micro_batch_count, micro_batch_row_scales
+from harness.train.rollout_inputs import OLD_LOGP, REF_LOGP, rollout_batch_of
+from harness.train.row_chunks import RowChunk, packed_rows, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
+from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics, packed_model_token_statistics
+from methods.base import Method, StepContext, TokenStats, TokenWeights
+
+
+class NonFiniteLossError(RuntimeError):
+    """More steps with a NaN/inf loss than ``train.max_nonfinite_steps`` allows."""
+
+
+class Processes(Protocol):
+    """The training processes as the actor sees them (accelerate's Accelerator behind ``AcceleratorProcesses``)."""
+
+    num_processes: int
+    device: torch.device
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor: ...  # all-reduce sum (the tensor itself with one process)
+
+    def max(self, value: int) -> int: ...  # the largest of one number over the processes
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def accumulating(self, model) -> AbstractContextManager: ...  # backward without gradient sync or optimizer step
+
+    def autocast(self) -> AbstractContextManager: ...  # the policy's mixed precision, for the unprepared reference
+
+
+def update_schedule(batch: dict, group_index: torch.Tensor, groups: int, mini_batches: int,
+                    epochs: int) -> Iterator[dict]:
+    """The inputs of the optimizer steps of one generation batch, in order: ``epochs`` passes over its
+    ``mini_batches`` mini-batches, mini-batch j holding prompt groups [j P / k, (j + 1) P / k) of the process's
+    ``groups`` = P groups in generation order (``group_index``: each row's group among them), the same in every
+    epoch. Raises when a method dropped every rollout of a mini-batch."""
+    parts = split_by_prompt_groups(batch, group_index, groups, mini_batches)
+    empty = [j for j, part in enumerate(parts) if part["completion_ids"].shape[0] == 0]
+    if empty:
+        raise ValueError(f"dropped every rollout of mini-batches {empty}; lower train.mini_batches={mini_batches}")
+    return (part for _ in range(epochs) for part in parts)
+
+
+def loss_config(train: TrainConfig, ctx: StepContext) -> LossConfig:
+    return LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high,
+                      clip_ratio_c=train.clip_ratio_c, beta=ctx.beta, kl_estimator=train.kl_estimator)
+
+
+class Actor:
+    """Forwards and loss of the policy ``method`` trains, under ``train``; every forward is counted in
+    ``accounting``; ``log(name, value)`` takes the step's metrics; ``reference``: the frozen reference policy
+    (beta > 0 or a method reading ref_logp) or None."""
+
+    def __init__(self, method: Method, train: TrainConfig, accounting: StepAccounting, processes: Processes,
+                 log: Callable[[str, float], None], special_token_ids: tuple[int, ...],
+                 reference: torch.nn.Module | None = None):
+        self.method = method
+        self.train = train
+        self.accounting = accounting
+        self.processes = processes
+        self.log = log
+        self.special_token_ids = special_token_ids
+        self.reference = reference
+        self.nonfinite_steps = 0
+        self.skip_optimizer_step = False  # set by a non-finite loss, cleared by the skipped optimizer step
+
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps per generation batch: train.mini_batches x train.ppo_epochs."""
+        return self.train.mini_batches * self.train.ppo_epochs
+
+    # --- forwards: token statistics by row chunks, counted in the budget ---------------------------------------------
+
+    def statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str, backward: bool,
+                   loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Token statistics (B, T) of the whole batch, computed ``train.forward_chunk_rows`` rows at a time; their
+        FLOPs go to ``phase`` (x3 when a backward follows). ``loss_positions`` (B, T) bool: the LM head runs only
+        there (``Method.loss_positions``)."""
+        return statistics_by_row_chunks(inputs, self.train.forward_chunk_rows, lambda chunk: (
+            self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
+
+    def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
+                              backward: bool, loss_positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        train, shape = self.train, self.accounting.model_shape
+        picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
+        if train.padding_free:
+            packed = packed_rows(chunk, train.share_prompts)
+            completion_ids = chunk.input_ids[:, -chunk.completion_width:]
+            stats = packed_model_token_statistics(model, packed, completion_ids, extras, train.temperature,
+                                                  train.stats_chunk_size, picked)
+            positions = packed.positions
+            logits = int(packed.valid.sum()) if picked is None else int((packed.valid & picked.bool()).sum())
+            flops = packed_forward_flops(shape, positions, len(chunk.rows), packed.attention_width,
+                                         max(logits, 1))  # >= 1: see StatisticsHead
+        else:
+            stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width,
+                                           extras, train.temperature, train.stats_chunk_size, picked)
+            positions = chunk.input_ids.numel()
+            flops = padded_forward_flops(shape, len(chunk.rows), chunk.input_ids.shape[1], chunk.completion_width,
+                                         None if picked is None else max(int(picked.sum()), 1))
+        self.accounting.count_forward(phase, flops, positions, backward)
+        return stats
+
+    def old_log_probs(self, model, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_old (B, T) of the reduced batch before its first update: one no-grad forward, phase old_logp."""
+        clock = self.accounting.clock
+        started = clock.start()
+        with torch.no_grad():
+            logp = self.statistics(model, inputs, (), "old_logp", False, loss_positions)["logp"]
+        clock.stop("old_logp", started)
+        return logp
+
+    def reference_log_probs(self, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_ref (no grad) of a batch, timed as the reference phase."""
+        clock = self.accounting.clock
+        started = clock.start()
+        # the reference is not prepared by accelerate: its forward gets the policy's autocast explicitly
+        with torch.no_grad(), self.processes.autocast():
+            ref_logp = self.statistics(self.reference, inputs, (), "reference", False, loss_positions)["logp"]
+        clock.stop("reference", started)
+        return ref_logp
+
+    def before_updates(self, model, reduced: dict, ctx: StepContext) -> dict:
+        """The no-grad passes over the reduced batch, once before its optimizer steps (verl computes old and
+        reference log-probs once per generation batch too): pi_old when the batch feeds several steps, pi_ref when
+        there is a reference model (KL term, or a method reading ref_logp); both at the method's
+        ``loss_positions``."""
+        positions = self.method.loss_positions(rollout_batch_of(reduced, self.special_token_ids), ctx)
+        if self.updates_per_generation > 1:
+            reduced[OLD_LOGP] = self.old_log_probs(model, reduced, positions)
+        if self.reference is not None:
+            reduced[REF_LOGP] = self.reference_log_probs(reduced, positions)
+        return reduced
+
+    def token_stats(self, model, inputs: dict, backward: bool = True,
+                    loss_positions: torch.Tensor | None = None) -> TokenStats:
+        """Current-policy statistics; old_logp is the rollout policy's (``before_updates``) when the batch feeds
+        several optimizer steps, else logp.detach() (pi_old = pi_theta); ref_logp the reference's, None without a
+        reference model."""
+        extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & set(EXTRA_STATISTICS)))
+        stats = self.statistics(model, inputs, extras, "train", backward, loss_positions)
+        old_logp = inputs.get(OLD_LOGP)
+        return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
+                          entropy=stats.get("entropy"), sum_p2=stats.get("sum_p2"), ref_logp=inputs.get(REF_LOGP))
+
+    # --- the policy loss of one mini-batch ------------------------------------------------------------------------
+
+    def policy_loss(self, model, inputs: dict, ctx: StepContext) -> torch.Tensor:
+        """The method's weights on the whole mini-batch, then ``sum(w l) / D`` (+ beta KL) of its rows: in one
+        forward (the caller runs the backward), or (``train.backward_chunk_rows``) row chunk by row chunk after a
+        no-grad forward that gives the method its batch-wide statistics. One optimizer step per mini-batch: no
+        accumulation scaling. A non-finite loss skips the step (``skip_optimizer_step``)."""
+        started = time.perf_counter()
+        batch = rollout_batch_of(inputs, self.special_token_ids)
+        chunk_rows = self.train.backward_chunk_rows
+        in_chunks = bool(chunk_rows) and batch.completion_mask.shape[0] > chunk_rows
+        positions = self.method.loss_positions(batch, ctx)  # (B, T) bool or None: the LM head runs only there
+        with torch.no_grad() if in_chunks else nullcontext():
+            stats = self.token_stats(model, inputs, backward=not in_chunks, loss_positions=positions)
+        result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
+        loss_inputs = loss_inputs_for(self.method, batch, result, ctx, positions,
+                                      old_logp=inputs.get(OLD_LOGP), ref_logp=stats.ref_logp)
+        loss_inputs = self.normalised(loss_inputs, result, batch, inputs, ctx)
+        mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
+        config = loss_config(self.train, ctx)
+        if in_chunks:
+            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows, positions)
+        else:
+            loss, metrics = loss_of_rows(stats.logp, loss_inputs, config)
+        self._log_step_metrics(stats, result, metrics, mask, started, computed)
+        if not torch.isfinite(loss.detach()):
+            return self._skip_nonfinite_step(model, loss, ctx)
+        return loss
+
+    def normalised(self, loss_inputs: LossInputs, result: TokenWeights, batch, inputs: dict,
+                   ctx: StepContext) -> LossInputs:
+        """The denominators of the optimizer step's loss (``train.loss_micro_batch_tokens``).
+
+        0: one mean over the rollouts of every process: the method's denominator parts (and the KL term's) are summed
+        over the processes in one all-reduce (``hooks.with_global_denominators``; nothing to do with one process).
+        N > 0: verl's legacy micro-batch means (``harness.train.micro_batches``): this process's rows are split into
+        micro-batches of at most N prompt + completion tokens, as many as the largest count of any process (verl
+        takes that maximum too), each weighted by its rows / the process's rows over its own denominator.
+        Logs ``loss/denominator`` and ``loss/kl_denominator`` (the step's, over every process) or
+        ``loss/micro_batches`` (this process's count)."""
+        parts, kl_parts = denominator_parts(result, batch, ctx)
+        tokens = self.train.loss_micro_batch_tokens
+        processes = self.processes.num_processes
+        if tokens:
+            if parts is None or kl_parts is None:
+                raise ValueError(f"method {self.method.name!r} returned no row_denominators (TokenWeights): "
+                                 "train.loss_micro_batch_tokens needs them to take each micro-batch's denominator")
+            lengths = (inputs["prompt_mask"].sum(dim=1) + inputs["completion_mask"].sum(dim=1)).tolist()
+            micro_batches = balanced_micro_batches(lengths, self.processes.max(micro_batch_count(lengths, tokens)))
+            self.log("loss/micro_batches", float(len(micro_batches)))
+            return with_row_scales(loss_inputs, micro_batch_row_scales(micro_batches, parts),
+                                   micro_batch_row_scales(micro_batches, kl_parts))
+        if processes == 1:
+            self.log("loss/denominator", float(loss_inputs.denominator))
+            self.log("loss/kl_denominator", float(loss_inputs.kl_denominator))
+            return loss_inputs
+        local = [result.denominator if parts is None else parts.sum(),
+                 loss_inputs.kl_denominator if kl_parts is None else kl_parts.sum()]
+        local = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()).to(self.processes.device)
+                             for v in local])
+        total = self.processes.sum(local).to(torch.float32).clamp(min=1.0)
+        self.log("loss/denominator", float(total[0]))
+        self.log("loss/kl_denominator", float(total[1]))
+        return with_global_denominators(loss_inputs, total[0], total[1], processes)
+
+    def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
+                                 chunk_rows: int, loss_positions: torch.Tensor | None = None,
+                                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of the whole batch with activations of only ``chunk_rows`` rows alive at a time: each row chunk
+        runs forward + backward with its share of the loss (its rows' terms over the whole batch's denominators),
+        gradients accumulating, synchronised across processes only in the last backward, which the caller runs on
+        the returned loss. Returns the whole loss's value (with the last chunk's graph) and the batch's metrics."""
+        chunks = list(row_chunks(inputs, chunk_rows))
+        done, parts = torch.zeros((), device=loss_inputs.mask.device), []
+        for index, chunk in enumerate(chunks):
+            logp = self._row_chunk_statistics(model, chunk, (), "train", True, loss_positions)["logp"]
+            rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
+            loss, metrics = loss_of_rows(logp, rows, config)
+            parts.append((metrics, rows.mask.sum()))
+            if index == len(chunks) - 1:
+                return loss + done, combine_row_metrics(parts)  # the whole loss's value; the last chunk's gradient
+            with self.processes.accumulating(model):
+                self.processes.backward(loss)
+            done = done + loss.detach()
+
+    def _skip_nonfinite_step(self, model, loss: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Counts a NaN/inf loss and skips its optimizer step; stops past ``train.max_nonfinite_steps``."""
+        self.nonfinite_steps += 1
+        self.log("nonfinite/skipped_total", float(self.nonfinite_steps))
+        limit = self.train.max_nonfinite_steps
+        if self.nonfinite_steps > limit:
+            raise NonFiniteLossError(
+                f"method {self.method.name!r}: the loss was {float(loss)} in {self.nonfinite_steps} steps (last at "
+                f"step {ctx.step + 1}), more than train.max_nonfinite_steps={limit}; stopping")
+        self.skip_optimizer_step = True
+        # a zero loss on the graph: backward gives zero gradients, and the optimizer step is skipped entirely
+        return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
+
+    def _log_step_metrics(self, stats: TokenStats, result: TokenWeights, loss_metrics: dict[str, torch.Tensor],
+                          mask, started: float, computed) -> None:
+        """``mask``: the completion tokens; ``computed``: those with statistics (fewer under loss_positions)."""
+        with torch.no_grad():
+            n_tokens = mask.sum().clamp(min=1)
+            weighted = (result.weights != 0) & (mask > 0)
+            for region in ("region", "low", "high", "dual"):  # fractions of completion tokens; 0 while r = 1
+                self.log(f"clip_ratio/{region}_mean", float(loss_metrics[f"clip_ratio/{region}_mean"]))
+            self.log("tokens/weighted_frac", float(weighted.sum() / n_tokens))
+            if stats.entropy is not None:
+                self.log("entropy", float((stats.entropy * computed).sum() / computed.sum().clamp(min=1)))
+            self.accounting.step_ledger.weighted_tokens += int(weighted.sum())
+            for name, value in result.metrics.items():
+                self.log(f"method/{name}", float(value))
+            self.log("time/loss_s", time.perf_counter() - started)
+            if "kl" in loss_metrics:
+                self.log("kl", float(loss_metrics["kl"]))

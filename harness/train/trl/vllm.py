@@ -1,0 +1,56 @@
+"""vLLM shims of TRL 1.16's generation: a free rendezvous port, the policy's dtype (and eager mode on CPU) for the
+colocated engine TRL builds, and the weight sync for vLLM's CPU build."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from harness.config.schema import PresetConfig
+
+
+def ephemeral_port() -> int:
+    """A free port the kernel assigns, for a one-process job's colocated vLLM rendezvous. TRL 1.16 tries 29500 first
+    (``trainer/utils.py _find_free_port``): two such jobs starting together on one machine both find it free and the
+    second fails with EADDRINUSE (seen in the vLLM-CPU rehearsal, two train jobs at once)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def colocated_engine_settings(preset: PresetConfig):
+    """While TRL 1.16 builds its colocated vLLM engine (``VLLMGeneration._init_vllm``), the engine also gets the
+    policy's dtype: TRL passes none, and vLLM's ``"auto"`` turns a float32 checkpoint into bfloat16, so the
+    rollouts of a float32 policy would come from rounded weights. With ``train.vllm_device=cpu`` it also runs eager
+    (vLLM's CPU build otherwise compiles the model with torch.compile at start, as the eval backend avoids too)."""
+    from trl.generation import vllm_generation
+
+    engine = getattr(vllm_generation, "LLM", None)  # absent without vLLM: TRL then raises its own clear ImportError
+    if engine is None:
+        yield
+        return
+    extra = {"dtype": preset.model.dtype, **({"enforce_eager": True} if preset.train.vllm_device == "cpu" else {})}
+    vllm_generation.LLM = lambda *args, **kwargs: engine(*args, **{**kwargs, **extra})
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = engine
+
+
+def reload_into_cpu_engine(generation) -> None:
+    """TRL's weight sync for vLLM's CPU build (``train.vllm_device=cpu``), in place of ``sync_weights``.
+
+    TRL 1.16 copies each parameter into the engine with ``model.load_weights``, which calls the vLLM parameter's
+    ``weight_loader``. vLLM's CPU build, after loading, repacks every linear layer's weight for its GEMM kernel
+    (``UnquantizedLinearMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm(layer,
+    remove_weight=True)``: the packed copy lives in the layer's ``cpu_linear`` closure and ``weight`` becomes an
+    empty ``Parameter`` without ``weight_loader``), so the first sync fails with ``AttributeError: 'Parameter' object
+    has no attribute 'weight_loader'``, and writing into that empty tensor would not reach the kernel anyway. vLLM's
+    in-place ``reload_weights`` (the worker's, through ``collective_rpc``) restores each layer's loading layout,
+    loads the trainer's weights and repacks them; TRL's own iterator supplies the weights under the names the
+    engine expects."""
+    generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": generation._iter_named_params(),
+                                                             "is_checkpoint_format": True})
+    generation.llm.reset_prefix_cache()

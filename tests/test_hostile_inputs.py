@@ -1,0 +1,283 @@
+"""Hostile and careless inputs (issue #26 items 6-11): each is refused before any job runs, with an error naming the
+file, key or line, and a refused run writes nothing; what is accepted is handled as written (paths with spaces)."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import methods
+from harness.cli import main
+from harness.config.loading import resolve
+from harness.config.paths import CONFIG_DIR, REPO_ROOT
+from harness.config.schema import ConfigError
+from harness.model.checkpoints import ModelDirError, check_model_dir
+from methods import registry
+
+DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
+SNAKEMAKE = [str(Path(sys.executable).parent / "snakemake"), "-s", str(REPO_ROOT / "Snakefile")]
+
+
+def refused(capsys, tmp_path, *overrides: str, sweep: Path = DEFAULT_SWEEP) -> str:
+    """Run `harness data` (the first job of a sweep, which writes its data) with the overrides; assert it is refused
+    and wrote nothing into its results folder; return the error message."""
+    results = tmp_path / "results"
+    args = ["data", "--sweep", str(sweep), "--set", f"results_dir={results}"]
+    status = main([*args, *(a for o in overrides for a in ("--set", o))])
+    message = capsys.readouterr().err
+    assert status == 2, message
+    assert "configuration error" in message and str(sweep) in message
+    assert not results.exists() or not any(results.rglob("*")), list(results.rglob("*"))
+    return message
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("train.learning_rate=nan", "train.learning_rate"),
+    ("train.budget.amount=inf", "train.budget.amount"),
+    ("eval.scoring_timeout_s=.inf", "eval.scoring_timeout_s"),
+    ("train.reward_values.correct=-.inf", "train.reward_values.correct"),
+    ("warmstart.learning_rate=.nan", "warmstart.learning_rate"),
+    ("train.budget.checkpoint_fractions=[0.5,.nan]", "train.budget.checkpoint_fractions[1]"),
+])
+def test_nan_and_infinity_are_refused_with_their_key(capsys, tmp_path, override, key):
+    message = refused(capsys, tmp_path, override)
+    assert f"'{key}'" in message and "NaN and infinity" in message
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("seeds=[0,1,0]", "key 'seeds': [0] listed more than once"),
+    ("methods=[uniform,gmts,uniform]", "key 'methods': ['uniform'] listed more than once"),
+    ("seeds=[-1,2]", "key 'seeds': [-1] are negative"),
+    ("seeds=[]", "key 'seeds': at least one seed"),
+    ("methods=[uniform.v2]", "key 'methods': labels ['uniform.v2'] may hold only"),
+    ("methods=[warmstart]", "key 'methods': 'warmstart' is the warm start's own row"),
+    ("name=../../outside", "key 'name': '../../outside' must be one folder name"),
+    ("train.budget.checkpoint_fractions=[0.251,0.254,1.0]", "'train.budget.checkpoint_fractions': [0.251, 0.254, "
+                                                            "1.0] name the same checkpoint folder ['ckpt-025']"),
+    ("eval.benchmarks.arith.file=data/benchmarks/missing.jsonl",
+     f"key 'eval.benchmarks.arith.file': no file {REPO_ROOT / 'data/benchmarks/missing.jsonl'}"),
+    ("eval.benchmarks.extra={file: nowhere.jsonl}", "key 'eval.benchmarks.extra.file': no file"),
+    ("train=5", "key 'train': Merge error"),
+    ("eval.benchmarks.arith=3", "key 'eval.benchmarks.arith': "),
+    ("seeds=3", "key 'seeds': expected a list"),
+])
+def test_bad_sweep_values_are_refused_with_their_key(capsys, tmp_path, override, expected):
+    assert expected in refused(capsys, tmp_path, override)
+
+
+def _sweep_without(tmp_path, *keys: str) -> Path:
+    raw = yaml.safe_load(DEFAULT_SWEEP.read_text())
+    path = tmp_path / "partial.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k not in keys}))
+    return path
+
+
+def test_a_sweep_without_methods_and_seeds_is_refused_by_harness(capsys, tmp_path):
+    message = refused(capsys, tmp_path, sweep=_sweep_without(tmp_path, "methods", "seeds"))
+    assert "['methods', 'seeds'] missing" in message
+
+
+def test_a_sweep_without_methods_is_refused_by_snakemake_too(tmp_path):
+    """Snakemake used to merge the default sweep's methods underneath a --configfile (8 x 2 runs where `harness plan`
+    said 1 x 1); now it refuses, as harness does, before writing anything."""
+    results = tmp_path / "results"
+    done = subprocess.run([*SNAKEMAKE, "-n", "--cores", "1", "--configfile", str(_sweep_without(tmp_path, "methods")),
+                           "--config", f"results_dir={results}"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode != 0
+    assert "['methods'] missing" in done.stdout + done.stderr
+    assert not results.exists()
+
+
+def test_snakemake_refuses_a_label_its_wildcards_would_reject(tmp_path):
+    results = tmp_path / "results"
+    done = subprocess.run([*SNAKEMAKE, "-n", "--cores", "1", "--config", f"results_dir={results}",
+                           "set=methods=[uniform.v2]"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "key 'methods': labels ['uniform.v2']" in done.stdout + done.stderr
+    assert not results.exists()
+
+
+def test_a_sweep_name_and_results_path_with_spaces_are_quoted_in_every_job_command(tmp_path):
+    raw = yaml.safe_load(DEFAULT_SWEEP.read_text())
+    sweep = tmp_path / "with space" / "sweep file.yaml"
+    sweep.parent.mkdir()
+    sweep.write_text(yaml.safe_dump({**raw, "name": "my sweep", "methods": ["uniform"], "seeds": [0],
+                                     "results_dir": str(tmp_path / "results dir")}))
+    done = subprocess.run([*SNAKEMAKE, "-n", "--printshellcmds", "--cores", "1", "--configfile", str(sweep)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    root = tmp_path / "results dir" / "my sweep"
+    commands = [line.split("Shell command: ", 1)[1] for line in done.stdout.splitlines()
+                if "Shell command: " in line and not line.endswith("Shell command: None")]  # rule all runs nothing
+    assert {shlex.split(c)[1] for c in commands} == {"data", "warmstart", "train", "eval", "report"}
+    for command in commands:
+        words = shlex.split(command)
+        sweep_file = Path(words[words.index("--sweep") + 1])
+        assert sweep_file.is_relative_to(root), command
+        log = Path(words[words.index(">") + 1])
+        assert log.is_relative_to(root / "logs"), command
+
+
+def _break_a_method_module(tmp_path, monkeypatch, source: str) -> Path:
+    """A module `broken` among the package's method modules, and a registry that has imported none yet."""
+    folder = tmp_path / "extra_methods"
+    folder.mkdir()
+    (folder / "broken.py").write_text(source)
+    monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(folder)])
+    monkeypatch.setattr(registry, "_methods_loaded", False)
+    monkeypatch.setattr(registry, "_import_failures", {})
+    monkeypatch.delitem(sys.modules, "methods.broken", raising=False)
+    return folder / "broken.py"
+
+
+def test_a_method_module_with_a_syntax_error_breaks_only_the_lookups_that_need_it(tmp_path, monkeypatch):
+    broken = _break_a_method_module(tmp_path, monkeypatch, "from methods.base import Method\n\ndef oops(:\n")
+    resolved = resolve(DEFAULT_SWEEP)  # every label of the default sweep is another module's method
+    assert "gmts" in resolved.sweep.methods
+    with pytest.raises(KeyError) as info:
+        registry.get_method_class("broken")
+    assert f"{broken}, line 3: SyntaxError" in info.value.args[0]
+
+
+def test_a_label_of_a_method_whose_module_fails_names_the_file_and_line(tmp_path, monkeypatch):
+    broken = _break_a_method_module(tmp_path, monkeypatch, "import math\nraise RuntimeError('half-written')\n")
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    (labels / "mine.yaml").write_text("method: broken\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({**yaml.safe_load(DEFAULT_SWEEP.read_text()), "methods": ["mine"],
+                                     "method_config_dirs": [str(labels)]}))
+    with pytest.raises(ConfigError) as info:
+        resolve(sweep)
+    message = str(info.value)
+    assert str(labels / "mine.yaml") in message and "key 'method'" in message
+    assert f"{broken}, line 2: RuntimeError: half-written" in message
+
+
+def test_a_method_config_value_of_the_wrong_type_names_file_and_key(tmp_path):
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    shutil.copy(CONFIG_DIR / "method" / "gmts.yaml", labels / "typed.yaml")
+    with open(labels / "typed.yaml", "a") as handle:
+        handle.write("rho: [1, 2]\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({**yaml.safe_load(DEFAULT_SWEEP.read_text()), "methods": ["typed"],
+                                     "method_config_dirs": [str(labels)]}))
+    with pytest.raises(ConfigError, match=rf"{labels / 'typed.yaml'}: key 'rho'"):
+        resolve(sweep)
+
+
+def _model_dir(folder: Path, weights: bytes | None) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "tokenizer.json").write_text("{}")
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def _safetensors_bytes() -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save({"w": torch.arange(64, dtype=torch.float32)})
+
+
+def test_an_empty_checkpoint_folder_is_named_with_what_it_lacks(capsys, tmp_path):
+    empty = tmp_path / "ckpt-100"
+    empty.mkdir()
+    out = tmp_path / "out"
+    status = main(["eval", "--model-dir", str(empty), "--out", str(out)])
+    message = capsys.readouterr().err
+    assert status == 2
+    assert f"model directory {empty} is incomplete: no config.json; no tokenizer" in message
+    assert "no weights" in message and "sentencepiece" not in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("weights", "expected"), [
+    (None, "no weights"),
+    (b"", "model.safetensors is 0 bytes"),
+    (b"\xff" * 16, "model.safetensors is truncated: 16 bytes, its header alone needs"),
+    ("truncated", "model.safetensors is truncated: "),
+    ("bad header", "the safetensors header is not valid JSON"),
+])
+def test_missing_or_truncated_weights_are_named(tmp_path, weights, expected):
+    complete = _safetensors_bytes()
+    if weights == "truncated":
+        weights = complete[:-10]
+    elif weights == "bad header":
+        weights = complete[:8] + b"{" * (len(complete) - 8)
+    folder = _model_dir(tmp_path / "model", weights)
+    with pytest.raises(ModelDirError, match=f"model directory {folder} is incomplete: .*{expected}"):
+        check_model_dir(folder)
+    check_model_dir(_model_dir(tmp_path / "complete", complete))  # the whole file passes
+
+
+def test_a_missing_run_checkpoint_is_named_before_evaluation(capsys, tmp_path):
+    status = main(["eval", "--sweep", str(DEFAULT_SWEEP), "--set", f"results_dir={tmp_path}", "--label", "uniform",
+                   "--seed", "0", "--ckpt", "ckpt-100"])
+    message = capsys.readouterr().err
+    assert status == 2
+    run_checkpoint = tmp_path / "default" / "runs" / "uniform" / "seed0" / "ckpt-100"
+    assert f"model directory {run_checkpoint} does not exist" in message
+    assert not (tmp_path / "default" / "eval").exists()
+
+
+def test_inspect_writes_nan_and_infinity_as_null_and_says_so(capsys, tmp_path):
+    batch = {
+        "completion_ids": [[5, 6], [5, 8], [9, 9], [4, 4]], "completion_mask": [[1, 1]] * 4,
+        "rewards": [float("nan"), 0.0, 1.0, 1.0], "group_ids": [0, 0, 1, 1],
+        "logp": [[-0.1, float("-inf")], [-1.0, -2.0], [-0.5, -0.5], [-0.4, -0.4]],
+        "entropy": [[0.5, 1.5], [1.0, 2.0], [0.3, 0.3], [0.9, 0.1]],
+    }
+    source, out = tmp_path / "batch.json", tmp_path / "out.json"
+    source.write_text(json.dumps(batch))  # Python writes NaN and -Infinity tokens, as a careless tool would
+    assert main(["inspect", "uniform", "--batch", str(source), "--out", str(out)]) == 0
+    note = capsys.readouterr().err
+    text = out.read_text()
+    written = json.loads(text, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
+    assert written["non_finite"] and "advantages[0][0]" in written["non_finite"]
+    assert written["advantages"][0][0] is None
+    assert "NaN or infinite values written as null" in note and "advantages[0][0]" in note
+
+
+def _local_slurm(command: str, folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "local-slurm.sh"), command], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "LOCAL_SLURM_DIR": str(folder)})
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/slurmctld").exists(),
+                    reason="scripts/local-slurm.sh runs as root with Debian's slurm-wlm")
+@pytest.mark.parametrize("kind", ["another user's", "a link", "writable by all"])
+def test_local_slurm_refuses_a_folder_another_user_controls(tmp_path, kind):
+    folder = tmp_path / "local-slurm"
+    bystander = subprocess.Popen(["sleep", "60"])  # a process whose pid a hostile user writes as slurmd's
+    if kind == "a link":
+        (tmp_path / "target").mkdir()
+        folder.symlink_to(tmp_path / "target")
+    else:
+        folder.mkdir(mode=0o755)
+        if kind == "writable by all":
+            folder.chmod(0o777)
+        else:
+            os.chown(folder, 65534, 65534)  # nobody
+        (folder / "run").mkdir()
+        (folder / "run" / "slurmd.pid").write_text(f"{bystander.pid}\n")
+    try:
+        for command in ("start", "stop"):
+            done = _local_slurm(command, folder)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert str(folder) in done.stderr and ("refusing" in done.stderr or "not killing" in done.stderr)
+        assert bystander.poll() is None  # not killed
+        assert sorted(p.name for p in folder.iterdir()) == ([] if kind == "a link" else ["run"])
+    finally:
+        bystander.kill()
+        bystander.wait()
