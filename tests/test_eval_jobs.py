@@ -15,7 +15,8 @@ from harness.config.paths import REPO_ROOT
 def _eval_sweep(tmp_path, tiny_sweep, tiny_model_dir):
     """The tiny sweep's data, a run `x` whose ckpt-050 is the warm start and ckpt-100 the random tiny model."""
     overrides, paths = tiny_sweep
-    sweep = {"name": "tiny", "preset": "tiny", "results_dir": str(tmp_path / "results")}
+    sweep = {"name": "tiny", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
+             "results_dir": str(tmp_path / "results")}
     for item in overrides:
         key, value = item.split("=", 1)
         if key != "results_dir":

@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_formulas import verl_micro_batch_loss
 
-from harness.config.schema import TrainConfig
+from harness.config.loading import resolve
+from harness.config.rules import section_problems
+from harness.config.schema import ConfigError, TrainConfig
 from harness.train.actor import Actor
 from harness.train.hooks import denominator_parts, loss_inputs_for, new_rollout_batch, prepare_batch, weigh_tokens
 from harness.train.loss import LossConfig, loss_of_rows
@@ -251,9 +253,13 @@ def test_row_denominators_must_add_up_to_the_denominator():
 
 
 def test_setting_must_hold_a_whole_rollout():
-    assert TrainConfig(max_completion_length=8, loss_micro_batch_tokens=9).loss_micro_batch_tokens == 9
-    with pytest.raises(ValueError, match="loss_micro_batch_tokens"):
-        TrainConfig(max_completion_length=8, loss_micro_batch_tokens=8)
+    assert section_problems(TrainConfig(max_completion_length=8, loss_micro_batch_tokens=9)) == []
+    assert section_problems(TrainConfig(max_completion_length=8, loss_micro_batch_tokens=0)) == []
+    problems = section_problems(TrainConfig(max_completion_length=8, loss_micro_batch_tokens=8))
+    assert len(problems) == 1 and "train.loss_micro_batch_tokens" in problems[0]
+    with pytest.raises(ConfigError, match="train.loss_micro_batch_tokens"):
+        resolve({"name": "t", "preset": "tiny", "methods": ["uniform"], "seeds": [0]},
+                ["train.max_completion_length=8", "train.loss_micro_batch_tokens=8"])
 
 
 @pytest.mark.parametrize("chunk_rows", [0, 1])

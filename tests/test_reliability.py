@@ -86,7 +86,7 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tiny_sweep,
     settings = [*overrides, "train.budget.amount=6", "train.budget.checkpoint_fractions=[0.5,1.0]",
                 "train.save_every_steps=1"]
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny"}))
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "preset": "tiny", "methods": ["uniform"], "seeds": [0]}))
     command = [sys.executable, "-m", "harness.cli", "train", "--sweep", str(sweep), "--method", "uniform",
                "--seed", "0", *[f"--set={o}" for o in settings]]
     run_dir = paths.run_dir("uniform", 0)
