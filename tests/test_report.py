@@ -544,3 +544,27 @@ def test_claims_show_the_training_each_run_reached_beside_the_papers(tmp_path):
     assert row["paper's run"] == "no paper (stand-in claims)"
     paper = Reported(tmp_path / "paper-x.yaml", "", "", "", [], {}, [], PaperTraining(60, 1966080, None, "20 epochs"))
     assert claims_table(judged, reached, paper)[1][0][-1] == "60 batches, 1.97M rollouts, not public tokens (20 epochs)"
+
+
+def test_figures_one_per_compute_axis_and_no_stale_ones(sweep, tmp_path):
+    """The budget's FLOPs and device-seconds get a figure each, the per-phase splits none (they share file names:
+    flops/generation and seconds/generation), and a figure an earlier report wrote but this one does not is removed,
+    so figures/ never shows a stale picture."""
+    from harness.report import plots
+
+    resolved, paths, _ = sweep
+    evidence = read_sweep(resolved, paths)
+    summary = summarize(evidence, None, 200)
+    phase_keys = ("spent/flops/generation", "spent/seconds/generation", "spent/flops/reference")
+    for row in summary:
+        if row["method"] != "warmstart":
+            steps = row["spent/steps"]
+            row.update({"spent/budget/flops": 1e10 * steps, "spent/budget/accel_seconds": steps,
+                        **{key: 1.0 for key in phase_keys}})
+    stale = tmp_path / "accuracy_vs_generation.png"
+    stale.write_bytes(b"an earlier report's figure")
+    written = plots.write_figures(evidence, summary, tmp_path)
+    assert {"accuracy_vs_flops", "accuracy_vs_accel_seconds"} <= set(written)
+    assert not any(name.endswith(("generation", "reference", "old_logp", "train")) for name in written
+                   if name.startswith("accuracy_vs_") and name != "accuracy_vs_generated")
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in written.values())

@@ -8,11 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 from scipy.special import expit
 
 from harness.report import bootstrap, intervals
-from harness.report.scores import CrossedVariance, crossed_variance, per_problem_scores, score_matrix
+from harness.report.scores import CrossedVariance, crossed_variance, per_problem_scores, score_matrix, t_quantile
 from harness.report.training_noise import (
     CALIBRATED,
     MODERATED,
@@ -519,3 +521,13 @@ def test_verdict_flip_rate_on_resampled_seeds_is_what_the_coverage_implies(n_see
     old_flips = 1 - np.mean((low <= truth) & (truth <= high))
     if n_seeds <= 3:
         assert old_flips > FLIP_TOLERANCE, old_flips
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=st.floats(0.5, 1 - 1e-12), df=st.one_of(st.floats(1e-3, 1e7), st.sampled_from([1.0, 2.0, math.inf, math.nan,
+                                                                                             0.0, -1.0])))
+def test_t_quantile_is_scipys_ppf_to_the_bit(q, df):
+    """The report's fast t quantile returns exactly what scipy.stats.t.ppf returns (nan where ppf gives nan)."""
+    expected = scipy_stats.t.ppf(q, df)
+    got = t_quantile(q, df)
+    assert (math.isnan(expected) and math.isnan(got)) or got == expected

@@ -106,6 +106,10 @@ FIGURE_CAPTIONS = {
     "accuracy_vs_generated": "Accuracy against tokens generated (rollouts) up to each checkpoint.",
     "accuracy_vs_forwarded": "Accuracy against tokens forwarded in the training passes up to each checkpoint (what "
                              "rollout dropping and prefix cutting save).",
+    "accuracy_vs_flops": "Accuracy against the analytic FLOPs spent up to each checkpoint (generation, old log-probs, "
+                         "reference and training passes): the budget the matched-compute comparison holds equal.",
+    "accuracy_vs_accel_seconds": "Accuracy against the training processes' step seconds summed up to each checkpoint "
+                                 "(device-seconds; on a CPU preset process CPU time, a noisy clock).",
     "per_benchmark": "Per benchmark at the full budget: mean and 95% interval; the black bar is the warm start.",
     "difference_to_baseline": "Paired difference to the baseline (same seeds and problems) with its 95% interval; an "
                               "interval crossing 0 is a tie.",

@@ -28,6 +28,8 @@ TRAINING_CURVES = {"reward": "training reward", "entropy": "entropy (nats)",
                    "completions/mean_length": "response length (tokens)"}
 COMPUTE_AXES = {"spent/steps": "optimizer steps", "spent/tokens/generated": "tokens generated",
                 "spent/tokens/forwarded": "tokens forwarded (training passes)"}
+BUDGET_AXES = {"spent/budget/flops": "FLOPs (analytic, all phases)",
+               "spent/budget/accel_seconds": "device-seconds of the training processes"}
 
 
 def palette(labels: list[str]) -> dict[str, tuple]:
@@ -70,7 +72,7 @@ def accuracy_vs_compute(summary: list[dict], labels: list[str], benches: list[st
                                                             100 * (start.ci_high - start.estimate)],
                         fmt="s", color="black", label="warm start")
         ax.set_title(bench if bench != "all" else "mean over benchmarks")
-        ax.set_xlabel(COMPUTE_AXES.get(x_key, x_key.removeprefix("spent/")))
+        ax.set_xlabel({**COMPUTE_AXES, **BUDGET_AXES}[x_key])
         ax.set_ylabel(f"{metric} (%)")
     axes[-1].legend(fontsize="small", loc="best")
     return fig
@@ -158,13 +160,17 @@ def write_figures(evidence, summary: list[dict], out_dir: Path) -> dict[str, Pat
     """Render every figure the sweep has data for; return {name: PNG path}."""
     metric, labels, benches = evidence.avg_metric, evidence.labels, evidence.benches
     final = evidence.final_ckpt
-    # steps and tokens always; FLOPs or seconds too once the trainer logs them as *_total counters
-    axes = [*COMPUTE_AXES] + sorted({k for row in summary for k in row if k.startswith("spent/")
-                                     and ("flops" in k or "seconds" in k) and k not in COMPUTE_AXES})
+    # steps and tokens always; the budget's FLOPs and accelerator seconds too once the trainer logs them. The
+    # per-phase splits (generation, old log-probs, reference, train) stay in the CSV: as figures they repeated the
+    # totals' picture (and flops/generation and seconds/generation shared one file name)
+    axes = [*COMPUTE_AXES, *(x for x in BUDGET_AXES if any(x in row for row in summary))]
     figures = {f"accuracy_vs_{x.split('/')[-1]}": accuracy_vs_compute(summary, labels, benches, metric, x)
                for x in axes}
     figures["per_benchmark"] = per_benchmark(summary, labels, benches, metric, final)
     if evidence.baseline:
         figures["difference_to_baseline"] = differences(summary, labels, benches, metric, final, evidence.baseline)
     figures["training_curves"] = training_curves(evidence.metrics, labels)
-    return {name: save_png(fig, out_dir / f"{name}.png") for name, fig in figures.items() if fig is not None}
+    written = {name: save_png(fig, out_dir / f"{name}.png") for name, fig in figures.items() if fig is not None}
+    for stale in set(out_dir.glob("*.png")) - set(written.values()):  # an earlier report's figure this one lacks
+        stale.unlink()
+    return written
