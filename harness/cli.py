@@ -146,7 +146,7 @@ def cmd_fetch(args) -> None:
 def cmd_eval(args) -> None:
     import torch
 
-    from harness.evaluation.driver import evaluate_benchmark, import_eval_stack
+    from harness.evaluation.driver import evaluate_benchmark, import_eval_stack, load_checkpoint
     from harness.model.checkpoints import check_model_dir
 
     resolved, paths = _resolve(args)
@@ -167,9 +167,11 @@ def cmd_eval(args) -> None:
         check_model_dir(model_dir)
     import_eval_stack(resolved.preset.eval.backend)
     mark_startup("eval")
-    # One process for every checkpoint of a run and every benchmark: the imports happen once; each
-    # (checkpoint, benchmark) is its own lm-eval run, seeded the same way as in a process of its own.
+    # One process for every checkpoint of a run and every benchmark: the imports happen once, a checkpoint's model
+    # and tokenizer are loaded once for its benchmarks; each (checkpoint, benchmark) is its own lm-eval run, seeded
+    # the same way as in a process of its own.
     for ckpt, model_dir in model_dirs.items():
+        loaded = load_checkpoint(model_dir, resolved.preset.eval)
         for name in names:
             bench = benchmarks[name]
             data_file = paths.benchmark_data_file(bench.file)
@@ -178,7 +180,7 @@ def cmd_eval(args) -> None:
             else:
                 out_dir = paths.eval_dir(args.label, args.seed, ckpt, name)
             results = evaluate_benchmark(model_dir, name, bench, data_file, resolved.preset.eval,
-                                         resolved.preset.prompt_template, out_dir)
+                                         resolved.preset.prompt_template, out_dir, loaded=loaded)
             shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
             print(f"{name} on {model_dir}: {shown}", flush=True)
 

@@ -360,3 +360,26 @@ def test_fast_decode_gives_lm_evals_own_completions(random_model, tmp_path, monk
     assert calls == []
     assert run(True) == plain and len(calls) >= 2  # greedy and sampled batches
     assert len({s["completion"] for s in plain[0] if s["mode"] == "sampled"}) > 1
+
+
+def test_a_shared_checkpoint_model_gives_each_benchmark_its_own_samples(random_model, tmp_path):
+    """`harness eval` loads a checkpoint's model and tokenizer once for all its benchmarks (load_checkpoint): each
+    benchmark still gets exactly the samples a model built for it alone gives, whichever benchmark ran first."""
+    cfg = EvalConfig(k=3, temperature=0.9, max_gen_toks=8, seed=3)
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    files = {name: _arith_file(tmp_path / name, golds) for name, golds in (("a", ["1", "2"]), ("b", ["3", "4", "5"]))}
+    bench = BenchmarkConfig(file="x", scorer="numeric")
+
+    def samples(name, out, loaded=None):
+        ev.evaluate_benchmark(random_model, "arith", bench, files[name], cfg, "tiny", out, loaded=loaded)
+        return read_jsonl(out / "samples.jsonl", required=("id",))
+
+    alone = {name: samples(name, tmp_path / f"alone-{name}") for name in files}
+    loaded = ev.load_checkpoint(random_model, cfg)
+    assert loaded.lm is not None  # hf: one lm-eval model for the checkpoint
+    for order in (("a", "b"), ("b", "a")):
+        for name in order:
+            assert samples(name, tmp_path / f"shared-{''.join(order)}-{name}", loaded) == alone[name]
+    with pytest.raises(ValueError, match="loaded checkpoint"):
+        ev.evaluate_benchmark(tmp_path, "arith", bench, files["a"], cfg, "tiny", tmp_path / "x", loaded=loaded)

@@ -40,7 +40,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.config.launch import require_vllm_cpu_build
 from harness.config.paths import REPO_ROOT
@@ -314,9 +316,48 @@ def without_environment_probe():
         evaluator.add_env_info, evaluator.get_git_commit_hash = saved
 
 
+def lm_eval_model_name(eval_cfg: EvalConfig) -> str:
+    """The lm-eval model type the backend runs: lm-eval's ``vllm``, or for ``hf`` our HFLM with the fast decoding loop
+    (``eval.fast_decode``: the same completions, less Python per decoding step) or lm-eval's own ``hf``."""
+    if eval_cfg.backend == "hf" and eval_cfg.fast_decode:
+        from harness.evaluation.hflm import MODEL_NAME
+
+        return MODEL_NAME
+    return eval_cfg.backend
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What the benchmarks of one checkpoint share in an eval process: its tokenizer and, for the hf backend,
+    lm-eval's model, built once as ``simple_evaluate`` builds it from a name (same arguments). Each benchmark is
+    still its own ``simple_evaluate`` call, which seeds python, numpy and torch before generating, and HFLM holds no
+    sampling state between calls, so a benchmark's samples are those of a model built for it alone
+    (tests/test_eval_driver.py). ``lm`` is None for vLLM: its engine keeps one sampling generator across requests,
+    so a reused engine would sample a later benchmark differently; each benchmark builds its own."""
+
+    model_dir: Path
+    tokenizer: Any
+    lm: Any | None
+
+
+def load_checkpoint(model_dir: Path, eval_cfg: EvalConfig, device: str = "cpu") -> LoadedCheckpoint:
+    import lm_eval.api.registry
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    lm = None
+    if eval_cfg.backend == "hf":
+        lm = lm_eval.api.registry.get_model(lm_eval_model_name(eval_cfg)).create_from_arg_obj(
+            model_args(model_dir, eval_cfg, device),
+            {"batch_size": eval_cfg.batch_size, "max_batch_size": None, "device": device})
+    return LoadedCheckpoint(model_dir, AutoTokenizer.from_pretrained(model_dir), lm)
+
+
 def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig, data_file: Path,
-                       eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu") -> dict:
-    """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json."""
+                       eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu",
+                       loaded: LoadedCheckpoint | None = None) -> dict:
+    """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json.
+    ``loaded``: the checkpoint's ``load_checkpoint``, shared by its benchmarks (loaded here when None)."""
     start = time.monotonic()
     data_file, out_dir, model_dir = Path(data_file), Path(out_dir), Path(model_dir)
     data_sha256 = verify_checksum(data_file)  # before any model work: a corrupt file fails in seconds
@@ -327,14 +368,17 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     if len({r["id"] for r in rows}) != len(rows):
         raise ValueError(f"{data_file}: duplicate ids; per-sample rows are keyed by id")
     model_args_ = model_args(model_dir, eval_cfg, device)  # fails early when vllm is missing
+    if loaded is not None and loaded.model_dir != model_dir:
+        raise ValueError(f"evaluate_benchmark: model_dir {model_dir} but the loaded checkpoint is {loaded.model_dir}")
 
     import lm_eval
     from lm_eval.tasks import TaskManager
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from harness.data.prompts import render_prompt, stop_sequences
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    loaded = loaded or load_checkpoint(model_dir, eval_cfg, device)
+    tokenizer = loaded.tokenizer
     prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
     docs = [{"id": r["id"], "problem": r["problem"], "answer": str(r["answer"]), "prompt": prompts[r["id"]],
              "scorer": bench.scorer, "scoring_timeout_s": eval_cfg.scoring_timeout_s} for r in rows]
@@ -345,13 +389,11 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     task_files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
                                         generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
 
-    lm_name = eval_cfg.backend
-    if eval_cfg.backend == "hf" and eval_cfg.fast_decode:  # the same completions, less Python per decoding step
-        from harness.evaluation.hflm import MODEL_NAME as lm_name
     gen_start = time.monotonic()
     with without_environment_probe():
         res = lm_eval.simple_evaluate(
-            model=lm_name, model_args=model_args_, tasks=[str(p) for p in task_files.values()],
+            model=loaded.lm or lm_eval_model_name(eval_cfg), model_args=None if loaded.lm else model_args_,
+            tasks=[str(p) for p in task_files.values()],
             task_manager=TaskManager(include_defaults=False), num_fewshot=0,
             batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
             device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
