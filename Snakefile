@@ -67,6 +67,12 @@ EVAL_DIGEST = digest(evaluation_config(RESOLVED))
 # user files the jobs read: their edits rerun the jobs that read them
 USER_DATA = [str(resolve_repo_path(PRESET.data.train_file))] if PRESET.data.kind in ("jsonl", "mixed") else []
 BENCH_FILES = sorted({str(PATHS.benchmark_data_file(b.file)) for b in PRESET.eval.benchmarks.values()})
+# a pretrained model from a local directory (model.name_or_path) is read by the warm start: its files are inputs,
+# so their edits rerun it (a hub id names no local file)
+MODEL_DIR = Path(PRESET.model.name_or_path or ".")
+MODEL_FILES = (sorted(str(p) for p in MODEL_DIR.rglob("*") if p.is_file()
+                      and not any(part.startswith(".") for part in p.relative_to(MODEL_DIR).parts))
+               if PRESET.model.kind == "pretrained" and PRESET.model.name_or_path and MODEL_DIR.is_dir() else [])
 
 
 def method_digest(wildcards) -> str:
@@ -107,6 +113,7 @@ METHOD, SEED, CKPT = "{method}", "{seed}", "{ckpt}"
 RUN_FILE = str(PATHS.run_file(METHOD, SEED))
 REPORT_OUTPUTS = [str(p) for p in PATHS.report_files()]
 REPORTED_FILE = Path(workflow.basedir) / "configs" / "reported" / f"{SWEEP.name}.yaml"
+FIDELITY_FILE = Path(workflow.basedir) / "configs" / "fidelity" / f"{SWEEP.name}.yaml"
 
 
 rule all:
@@ -133,6 +140,7 @@ rule data:
 rule warmstart:
     input:
         DATA_OUTPUTS,
+        MODEL_FILES,
     output:
         str(PATHS.warmstart_file),
     log:
@@ -281,7 +289,7 @@ rule report:
     input:
         eval_targets(),
         run_files(),
-        [str(REPORTED_FILE)] if REPORTED_FILE.is_file() else [],
+        [str(path) for path in (REPORTED_FILE, FIDELITY_FILE) if path.is_file()],
     output:
         REPORT_OUTPUTS,
     log:

@@ -249,6 +249,12 @@ def cmd_extend_seeds(args) -> None:
     from harness.report.sequential import look, stage_seeds
     from harness.report.summary import claim_verdicts
 
+    # the next stage's file is this sweep YAML with other labels and seeds: what it does not hold would be lost
+    if is_snapshot(args.sweep) or args.overrides:
+        given = f"the resolved snapshot {args.sweep}" if is_snapshot(args.sweep) else ""
+        given += f" --set {' '.join(args.overrides)}" if args.overrides else ""
+        raise ConfigError(f"extend-seeds writes the next stage from the sweep YAML as written: pass that file, not "
+                          f"{given.strip()} (put overrides in the YAML)")
     resolved, paths = _resolve(args)
     evidence = with_calibration(read_sweep(resolved, paths), calibration_file(resolved.preset.name))
     reported = load_reported(CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")

@@ -77,8 +77,14 @@ def _load_methods() -> None:
 
 
 def registered_methods() -> list[str]:
+    """Every method that registered; a module that failed to import registered nothing (``import_failures``)."""
     _load_methods()
     return sorted(_REGISTRY)
+
+
+def import_failures() -> dict[str, str]:
+    """{module or entry point: ``<file>, line <n>: <error>``} for those that failed to import so far."""
+    return dict(_import_failures)
 
 
 def get_method_class(name: str) -> type[Method]:

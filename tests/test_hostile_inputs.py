@@ -3,6 +3,7 @@ file, key or line, and a refused run writes nothing; what is accepted is handled
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -144,6 +145,14 @@ def test_a_method_module_with_a_syntax_error_breaks_only_the_lookups_that_need_i
     with pytest.raises(KeyError) as info:
         registry.get_method_class("broken")
     assert f"{broken}, line 3: SyntaxError" in info.value.args[0]
+
+
+def test_the_config_reference_refuses_to_leave_out_a_broken_method_module(tmp_path, monkeypatch):
+    from harness.config.reference import builtin_methods
+
+    broken = _break_a_method_module(tmp_path, monkeypatch, "from methods.base import Method\n\ndef oops(:\n")
+    with pytest.raises(RuntimeError, match=rf"{re.escape(str(broken))}, line 3: SyntaxError"):
+        builtin_methods()
 
 
 def test_a_label_of_a_method_whose_module_fails_names_the_file_and_line(tmp_path, monkeypatch):

@@ -163,3 +163,23 @@ def test_another_checkouts_snakefile_with_this_environment_runs_no_job(tmp_path)
     log = (results / "logs" / "data.log").read_text()
     assert f"Snakefile of checkout {checkout}" in log and f"code of checkout {REPO_ROOT}" in log, log[-2000:]
     assert not (results / "data" / "train.jsonl").exists()
+
+
+def test_a_local_model_directory_and_the_fidelity_file_are_inputs(tmp_path):
+    """A pretrained model read from a local directory reruns the warm start when its files change; the sweep's
+    configs/fidelity/<name>.yaml reruns the report (it is read by it, like configs/reported/<name>.yaml)."""
+    model_dir = tmp_path / "my model"
+    (model_dir / ".cache").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", ".cache/lock"):
+        (model_dir / name).write_text("{}")
+    workdir = tmp_path / "checkout"
+    shutil.copytree(REPO_ROOT, workdir, ignore=shutil.ignore_patterns(".git", ".venv", "results", "*.egg-info"))
+    (workdir / "configs" / "fidelity" / "ci.yaml").write_text("{}\n")
+    sweep = sweep_file(tmp_path, model={"kind": "pretrained", "name_or_path": str(model_dir)})
+    run = snakemake(workdir / "Snakefile", workdir, sweep, "-n")
+    assert run.returncode == 0, run.stderr[-3000:]
+    jobs = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n\s+input: ([^\n]*)", run.stdout, flags=re.M)}
+    assert str(model_dir / "model.safetensors") in jobs["warmstart"] and str(model_dir / "tokenizer.json") in jobs[
+        "warmstart"]
+    assert ".cache" not in jobs["warmstart"]
+    assert str(workdir / "configs" / "fidelity" / "ci.yaml") in jobs["report"]

@@ -63,3 +63,16 @@ def test_harness_extend_seeds_writes_the_next_stage_for_the_open_labels(tmp_path
     assert main(["extend-seeds", "--sweep", str(sweep), "--first", "3", "--add", "2", "--max-seeds", "3"]) == 0
     assert "no stage to add: the last look" in capsys.readouterr().out
     assert not (root / "stage-3-seeds.yaml").exists()
+
+
+def test_harness_extend_seeds_refuses_a_snapshot_or_overrides_it_could_not_carry(tmp_path, capsys):
+    """The next stage's file is the sweep YAML with other labels and seeds: a resolved snapshot (JSON) or --set
+    overrides would not carry into it, so both are refused before anything is written."""
+    sweep, root = sweep_file(tmp_path)
+    snapshot = tmp_path / "0123456789abcdef.json"
+    snapshot.write_text("{}")
+    schedule = ["--first", "3", "--add", "2", "--max-seeds", "7"]
+    for extra in (["--sweep", str(snapshot)], ["--sweep", str(sweep), "--set", "eval.k=2"]):
+        assert main(["extend-seeds", *extra, *schedule]) == 2
+        assert "pass that file" in capsys.readouterr().err
+    assert not list(root.glob("stage-*"))

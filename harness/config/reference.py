@@ -119,9 +119,12 @@ def method_section(name: str, method_class: type) -> str:
 
 
 def builtin_methods() -> dict[str, type]:
-    from methods.registry import get_method_class, registered_methods
+    from methods.registry import get_method_class, import_failures, registered_methods
 
-    classes = {name: get_method_class(name) for name in registered_methods()}
+    names = registered_methods()
+    if import_failures():  # the reference would silently lack the methods of a broken module
+        raise RuntimeError(f"method modules failed to import: {import_failures()}")
+    classes = {name: get_method_class(name) for name in names}
     return {name: cls for name, cls in classes.items() if cls.__module__.split(".")[0] == "methods"}
 
 

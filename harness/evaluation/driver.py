@@ -332,7 +332,7 @@ class LoadedCheckpoint:
     lm-eval's model, built once as ``simple_evaluate`` builds it from a name (same arguments). Each benchmark is
     still its own ``simple_evaluate`` call, which seeds python, numpy and torch before generating, and HFLM holds no
     sampling state between calls, so a benchmark's samples are those of a model built for it alone
-    (tests/test_eval_driver.py). ``lm`` is None for vLLM: its engine keeps one sampling generator across requests,
+    (tests/test_evaluate.py). ``lm`` is None for vLLM: its engine keeps one sampling generator across requests,
     so a reused engine would sample a later benchmark differently; each benchmark builds its own."""
 
     model_dir: Path
