@@ -66,9 +66,9 @@ class RSI(Method):
     class Config:
         low: float = 0.5
         """Lower end a of the kept RSI band (inclusive); ASSUMED, the paper's value is unknown."""
-        high: float = 2.0
-        """Upper end b of the kept RSI band (inclusive; a config file takes finite numbers only: a large b such as 1e9
-        keeps every token from a up); ASSUMED, the paper's value is unknown."""
+        high: float | None = 2.0
+        """Upper end b of the kept RSI band (inclusive); null: no upper end, every token from a up is kept; ASSUMED,
+        the paper's value is unknown."""
         denominator: str = "all"
         """"all": the run's aggregation over every completion token, unselected ones weigh 0 (ports);
         "selected": the run's aggregation over the selected tokens."""
@@ -76,8 +76,8 @@ class RSI(Method):
         def __post_init__(self):
             if not (math.isfinite(self.low) and self.low >= 0.0):
                 raise ValueError(f"method.low must be a finite number >= 0, got {self.low!r}")
-            if not self.high >= self.low:  # also rejects NaN
-                raise ValueError(f"method.high must be >= method.low = {self.low!r}, got {self.high!r}")
+            if self.high is not None and not self.high >= self.low:  # also rejects NaN
+                raise ValueError(f"method.high must be >= method.low = {self.low!r} or null, got {self.high!r}")
             if self.denominator not in DENOMINATORS:
                 raise ValueError(f"method.denominator must be one of {list(DENOMINATORS)}, got {self.denominator!r}")
 
@@ -87,7 +87,8 @@ class RSI(Method):
         mask = batch.completion_mask > 0  # (B, T)
         rsi = relative_surprisal_index(stats.logp.detach(), stats.entropy.detach())  # (B, T), NaN where H <= 0
         # S = M & (a <= s/H <= b); NaN compares False, so H <= 0 is never kept
-        selected = (mask & (rsi >= self.config.low) & (rsi <= self.config.high)).to(torch.float32)
+        high = math.inf if self.config.high is None else self.config.high
+        selected = (mask & (rsi >= self.config.low) & (rsi <= high)).to(torch.float32)
         if self.config.denominator == "selected":
             weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
             counted = selected
@@ -98,7 +99,7 @@ class RSI(Method):
         defined = mask & ~torch.isnan(rsi)
         metrics = {"tokens_selected_frac": float(selected.sum()) / n,
                    "rsi_below_frac": float((defined & (rsi < self.config.low)).sum()) / n,
-                   "rsi_above_frac": float((defined & (rsi > self.config.high)).sum()) / n,
+                   "rsi_above_frac": float((defined & (rsi > high)).sum()) / n,
                    "rsi_undefined_frac": float((mask & torch.isnan(rsi)).sum()) / n}
         return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
             counted, ctx.aggregation, ctx.max_completion_length))

@@ -101,9 +101,23 @@ def test_unbounded_band_equals_uniform_through_run_hooks(aggregation):
         rows, length = prepared.rows, prepared.length
         return TokenStats(logp[rows, :length], logp[rows, :length], entropy=entropy[rows, :length])
 
-    out = run_hooks(RSI(RSI.Config(low=0.0, high=math.inf)), make_batch(mask), stats_for, ctx)
+    out = run_hooks(RSI(RSI.Config(low=0.0, high=None)), make_batch(mask), stats_for, ctx)
     uniform = run_hooks(Uniform(), make_batch(mask), stats_for, ctx)
     assert torch.equal(out.weights, uniform.weights) and out.denominator == uniform.denominator
+    assert out.metrics["rsi_above_frac"] == 0.0
+
+
+def test_a_config_file_says_no_upper_end_with_null(tmp_path):
+    """A config file cannot hold infinity (every number must be finite): `high: null` is the unbounded band."""
+    from harness.config.loading import load_method
+
+    (tmp_path / "rsi-open.yaml").write_text("method: rsi\nlow: 0.5\nhigh: null\n")
+    spec = load_method("rsi-open", search_dirs=[str(tmp_path)])
+    assert spec.params.high is None
+    logp = torch.tensor([[-0.4, -1.0, -50.0]])
+    out = RSI(spec.params).token_weights(TokenStats(logp, logp, entropy=torch.ones(1, 3)), make_batch(torch.ones(1, 3)),
+                                         CTX)
+    assert torch.equal(out.weights > 0, torch.tensor([[False, True, True]]))  # 0.4 < low; 1.0 and 50 kept
 
 
 @pytest.mark.parametrize("denominator", ["all", "selected"])
@@ -132,7 +146,7 @@ def test_gradient_matches_the_masked_loss(denominator):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"low": -0.1}, "method.low must be a finite number >= 0, got -0.1"),
-    ({"low": 1.0, "high": 0.5}, "method.high must be >= method.low = 1.0, got 0.5"),
+    ({"low": 1.0, "high": 0.5}, "method.high must be >= method.low = 1.0 or null, got 0.5"),
     ({"high": math.nan}, "method.high must be >= method.low"),
     ({"denominator": "tokens"}, "method.denominator must be one of ['all', 'selected'], got 'tokens'"),
 ])
