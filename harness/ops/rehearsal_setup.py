@@ -47,6 +47,10 @@ TRAIN_ROWS = 256
 ANSWERS = ("2", "3")  # the rehearsal rows' answers (MATH train has 358 short problems with them)
 CHECKPOINT_FRACTIONS = [0.5, 1.0]  # every budget checkpoint is evaluated: two keep the eval jobs short
 GENERATION_BATCHES = 2  # the budget: about this many generation batches (2: a resume check kills after the first)
+# device-seconds an update is given under a budget in seconds (summed over the 2 processes): updates took 0.5-2.1
+# (2.1 in a CI run, where 1.0 ended a run after its first generation batch and left the resume check no step); the
+# margin keeps >= GENERATION_BATCHES batches on a slow machine and costs a fast one at most its seconds / processes
+SECONDS_PER_UPDATE = 3.0
 TEACH_STEPS = 80
 SOURCE_ROWS = REPO_ROOT / "data" / "train" / "math_train.jsonl"
 # the preset's hub model -> the transformers model type of the rehearsal model (no hub access to read its config)
@@ -242,10 +246,10 @@ def scaled_train(train, processes: int, context_tokens: int, context_limit: int)
     updates = mini_batches * train.ppo_epochs
     generated = (round_prompts or prompts) * GENERATIONS
     # about GENERATION_BATCHES batches: a batch of dynamic sampling takes one or more rounds (2 at the rehearsal
-    # model's ~40% groups with signal); a batch at the rehearsal's scale takes ~0.5-1.7 device-seconds per update
+    # model's ~40% groups with signal); a budget in seconds buys SECONDS_PER_UPDATE per update (module constant)
     batches = 2 * GENERATION_BATCHES - 1 if ds.enabled else GENERATION_BATCHES
     amount = {"samples": batches * generated, "steps": GENERATION_BATCHES * updates,
-              "accel_seconds": GENERATION_BATCHES * updates * 1.0, "tokens": batches * generated * 200,
+              "accel_seconds": GENERATION_BATCHES * updates * SECONDS_PER_UPDATE, "tokens": batches * generated * 200,
               "flops": 1e11}[train.budget.kind]
     return {"prompts_per_step": prompts, "mini_batches": mini_batches, "num_generations": GENERATIONS,
             "max_completion_length": COMPLETION_TOKENS,
