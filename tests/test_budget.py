@@ -190,6 +190,23 @@ def test_a_partially_written_checkpoint_is_never_resumed(tmp_path):
     assert last_complete_checkpoint(tmp_path / "absent", "this") is None
 
 
+def test_rotation_keeps_the_newest_complete_checkpoints_and_never_a_torn_one_in_their_place(tmp_path):
+    from harness.train.budget import LEDGER_FILE, rotate_checkpoints
+
+    for step, complete in ((2, True), (4, True), (6, False), (8, True), (10, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / LEDGER_FILE).write_text("{}")
+    rotate_checkpoints(tmp_path, keep=2)
+    # 4 and 8 are the two newest complete ones; the torn 6 between them and the torn 10 after them stay (a resume
+    # removes torn folders: last_complete_checkpoint), 2 goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-4", "checkpoint-6",
+                                                            "checkpoint-8"]
+    rotate_checkpoints(tmp_path, keep=5)  # fewer complete ones than kept: nothing removed
+    assert len(list(tmp_path.iterdir())) == 4
+
+
 def test_ledger_counters_round_trip_and_add():
     from harness.train.budget import BudgetLedger
 

@@ -278,6 +278,11 @@ class TrainConfig:
         "GPUs)", choices=("python", "accelerate"))
     distributed: str = setting("ddp", "accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml",
                                choices=("ddp", "deepspeed_zero3", "fsdp"))
+    collective_timeout_s: int = setting(
+        1800, "seconds a collective (all-reduce, all-gather, barrier) waits for the other training processes before "
+        "the job fails (torch.distributed's process-group timeout; NCCL's own default is 600). Covers the longest "
+        "wait one rank can cause the others: its rollouts or the main process's checkpoint write (run.json "
+        "records the live value)", low=1)
     fast_decode: bool = setting(
         True, "rollouts on the transformers path decoded by harness/model/decode.py: the same tokens as generate, "
         "less Python per step; false = TRL's plain generate call")

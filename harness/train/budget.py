@@ -300,10 +300,14 @@ class StepAccounting:
         self.ledger.steps += 1
         self.step_ledger = BudgetLedger()
 
-    def save(self, folder: Path, run_key: str, prompt_stream_cursor: int) -> None:
-        """The ledger beside a trainer checkpoint's weights, so a resumed run continues the budget count and the
-        digest chain."""
-        write_json_atomic(folder / _digests_file(), asdict(self.digests))  # before the ledger marks it complete
+    def save_digests(self, folder: Path) -> None:
+        """This process's digests beside a trainer checkpoint's weights (every process: its rollouts are its own)."""
+        write_json_atomic(folder / _digests_file(), asdict(self.digests))
+
+    def mark_complete(self, folder: Path, run_key: str, prompt_stream_cursor: int) -> None:
+        """The ledger beside a trainer checkpoint, so a resumed run continues the budget count: the folder's
+        completeness marker (``last_complete_checkpoint``). The main process writes it once every process has
+        written its part of the checkpoint."""
         write_json_atomic(folder / LEDGER_FILE, {"ledger": self.ledger.to_dict(), "run_key": run_key,
                                                  "saved_checkpoints": self.saved_checkpoints,
                                                  "prompt_stream_cursor": prompt_stream_cursor})
@@ -323,3 +327,44 @@ def _digests_file() -> str:
     """Each process's digests go in a file of its own beside the ledger (its rollouts are its own)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     return f"harness_digests-{torch.distributed.get_rank() if distributed else 0}.json"
+
+
+def _numbered_checkpoints(trl_dir: Path) -> list[Path]:
+    """transformers' checkpoint-N folders of ``trl_dir``, oldest step first."""
+    folders = (p for p in trl_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit())
+    return sorted(folders, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
+    """The newest trainer checkpoint of this configuration (``run_key``) that was completely written.
+
+    transformers writes checkpoint-N in place, so a job killed while saving leaves a partial folder: the budget
+    ledger, written by the main process after every process has finished its part (``mark_complete``), marks a
+    complete one; partial folders are removed so that no rerun picks them up. Checkpoints of another configuration
+    (the config changed since) are removed too: the run starts afresh."""
+    import shutil
+
+    if not trl_dir.is_dir():
+        return None
+    for folder in reversed(_numbered_checkpoints(trl_dir)):
+        ledger = folder / LEDGER_FILE
+        if ledger.is_file() and json.loads(ledger.read_text()).get("run_key") == run_key:
+            return str(folder)
+        shutil.rmtree(folder)
+    return None
+
+
+def rotate_checkpoints(trl_dir: Path, keep: int) -> None:
+    """Remove every trainer checkpoint older than the ``keep`` newest complete ones (complete: with the ledger).
+    Called after a checkpoint is marked complete, so the newest complete one is never removed, and neither is the
+    one before it while a newer save may still be torn."""
+    import shutil
+
+    folders = _numbered_checkpoints(trl_dir)
+    complete = [p for p in folders if (p / LEDGER_FILE).is_file()]
+    if len(complete) <= keep:
+        return
+    oldest_kept = int(complete[-keep].name.split("-")[-1])
+    for folder in folders:
+        if int(folder.name.split("-")[-1]) < oldest_kept:
+            shutil.rmtree(folder)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from harness.data.hub import source_checksums
 from harness.data.prepare import training_rows
 from harness.data.prompts import render_prompt
 from harness.model.checkpoints import load_policy
-from harness.train.budget import LEDGER_FILE, peak_memory_bytes
+from harness.train.budget import last_complete_checkpoint, peak_memory_bytes
 from harness.train.progress import PROGRESS_FILE, ProgressLog
 from harness.train.trackers import TRACKER_FOLDERS, open_trackers
 
@@ -137,8 +138,10 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     warmstart_digest = warmstart_sha256(paths.warmstart_dir)
     key = run_key(resolved, spec, run_seed, paths, warmstart_digest)
     metrics_partial = run_dir / "metrics.jsonl.partial"
-    # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared)
-    processes = PartialState(cpu=not torch.cuda.is_available())
+    # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared).
+    # The process group is created here, before GRPOConfig: its ddp_timeout would come too late to apply
+    processes = PartialState(cpu=not torch.cuda.is_available(),
+                             timeout=timedelta(seconds=preset.train.collective_timeout_s))
     with processes.main_process_first():  # the main process cleans up; the others then find the same state
         resume_from = last_complete_checkpoint(run_dir / "trl", key)
         if resume_from is None:
@@ -200,10 +203,21 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         train_seconds=elapsed, resumed_from=str(Path(resume_from).name) if resume_from else None,
         data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl"), **source_checksums(paths.data_dir)})
     record["precision"] = trainer.precision_in_use()
+    record["collective_timeout_s"] = live_collective_timeout_s()
     record["warmstart_sha256"] = warmstart_digest
     record["digests"] = asdict(trainer.accounting.digests)  # `harness verify` replays against these
     write_json_atomic(run_dir / "run.json", record)
     return record
+
+
+def live_collective_timeout_s() -> float | None:
+    """The timeout of the live default process group's backend, in seconds (None in a one-process run without one):
+    what collectives actually wait, read back rather than the configured value."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return distributed.group.WORLD._get_backend(device).options._timeout.total_seconds()
 
 
 def run_key(resolved: Resolved, spec: MethodSpec, run_seed: int, paths: SweepPaths,
@@ -223,26 +237,6 @@ def warmstart_sha256(model_dir: Path) -> str:
     """One sha256 over the warm start's files (weights, tokenizer, config), but warmstart.json (its build record)."""
     files = sorted(p for p in model_dir.iterdir() if p.is_file() and p.name != "warmstart.json")
     return hashlib.sha256(json.dumps([[p.name, sha256_file(p)] for p in files]).encode()).hexdigest()
-
-
-def last_complete_checkpoint(trl_dir: Path, run_key: str) -> str | None:
-    """The newest trainer checkpoint of this configuration (``run_key``) that was completely written.
-
-    transformers writes checkpoint-N in place, so a job killed while saving leaves a partial folder: the budget
-    ledger, written last, marks a complete one; partial folders are removed so that no rerun picks them up.
-    Checkpoints of another configuration (the config changed since) are removed too: the run starts afresh."""
-    import shutil
-
-    if not trl_dir.is_dir():
-        return None
-    folders = sorted((p for p in trl_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-                     key=lambda p: int(p.name.split("-")[-1]))
-    for folder in reversed(folders):
-        ledger = folder / LEDGER_FILE
-        if ledger.is_file() and json.loads(ledger.read_text()).get("run_key") == run_key:
-            return str(folder)
-        shutil.rmtree(folder)
-    return None
 
 
 def _clear_run_outputs(run_dir: Path, fractions: list[float]) -> None:

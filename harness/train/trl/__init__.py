@@ -53,7 +53,11 @@ TOUCH_POINTS = (
     TouchPoint("transformers.trainer:Trainer.create_optimizer", "override", ("self", "model"), _TRAINER,
                "wraps optimizer.step so that a non-finite loss skips it (patches.skippable_step)"),
     TouchPoint(f"{GRPO}._save_checkpoint", "override", ("self", "model", "trial"), _TRAINER,
-               "the budget ledger beside each trainer checkpoint (StepAccounting.save)"),
+               "a barrier after the save, then the main process marks the folder complete (the budget ledger) and "
+               "rotates (StepAccounting.mark_complete, budget.rotate_checkpoints)"),
+    TouchPoint("transformers.trainer_utils:rotate_checkpoints", "source", ("No deletion if `None`",),
+               "settings.grpo_config", "save_total_limit=None turns transformers' rotation off (the harness rotates "
+               "only complete checkpoints)"),
     TouchPoint("transformers.trainer:Trainer", "source", ("self.optimizer.step()",), "patches.skippable_step",
                "the Trainer steps through the optimizer's step attribute, which the wrapper replaces"),
     TouchPoint("transformers.trainer_utils:PREFIX_CHECKPOINT_DIR", "exists", (), f"{_TRAINER}._save_checkpoint",

@@ -92,7 +92,10 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         save_strategy="steps" if train.save_every_steps else "no",
         save_steps=train.save_every_steps or 500,
         save_only_model=False,
-        save_total_limit=2,  # the newest checkpoint may be partial if a job is killed mid-save
+        # rotation is the harness's (TargetedGRPOTrainer._save_checkpoint): after every process has written and the
+        # folder is marked complete, never the last complete one
+        save_total_limit=None,
+        ddp_timeout=train.collective_timeout_s,  # the process group exists already (run.py); same value
         report_to=[],
         seed=seed,
         data_seed=seed,

@@ -34,7 +34,7 @@ from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
 from harness.train.actor import Actor, update_schedule
-from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, StepAccounting
+from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, StepAccounting, rotate_checkpoints
 from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, GroupExchange, PromptStream
 from harness.train.hooks import new_rollout_batch, prepare_batch
 from harness.train.rollout_inputs import GROUP_IDS, reduced_inputs
@@ -50,6 +50,7 @@ from harness.train.trl.vllm import colocated_engine_settings, ephemeral_port, re
 from methods.base import Method, RolloutBatch, StepContext
 
 logger = logging.getLogger(__name__)
+KEPT_TRAINER_CHECKPOINTS = 2  # the newest complete trainer checkpoint and the one before it
 
 
 class TargetedGRPOTrainer(GRPOTrainer):
@@ -281,10 +282,17 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         """TRL/transformers save weights, optimizer, scheduler, RNG and trainer state; the ledger goes beside them,
-        so a resumed run continues the budget count."""
+        so a resumed run continues the budget count. transformers has no barrier after its save: other processes
+        would finish (and mark the folder complete) while the main process is still writing the weights, so a kill
+        in that window resumed a torn folder. Each process writes its digests, all wait for each other, then the main
+        process marks the folder complete and rotates (transformers' rotation is off: ``save_total_limit=None``)."""
         super()._save_checkpoint(model, trial)
         folder = Path(self.args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        self.accounting.save(folder, self.run_key, self.prompt_stream.cursor)
+        self.accounting.save_digests(folder)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self.accounting.mark_complete(folder, self.run_key, self.prompt_stream.cursor)
+            rotate_checkpoints(folder.parent, KEPT_TRAINER_CHECKPOINTS)
 
     def restore_ledger(self, checkpoint: Path) -> None:
         """The budget ledger and dynamic sampling's prompt-stream position of a trainer checkpoint."""
