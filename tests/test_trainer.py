@@ -3,6 +3,7 @@ loss written out."""
 
 import importlib
 import inspect
+import json
 
 import pytest
 import torch
@@ -494,3 +495,35 @@ def test_the_actor_trains_without_a_grpo_trainer(tiny_model_dir):
     for a, b in zip(ours, grads(model), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert logged["loss/denominator"] == float(mask.sum()) and accounting.step_ledger.flops["train"] > 0
+
+
+def test_sample_batch_is_a_few_whole_groups_through_the_actor_and_off_the_budget(tiny_model_dir, tmp_path):
+    """The step-0 sample batch: the first SAMPLE_BATCH_GROUPS groups only (one padded forward over a paper preset's
+    whole generation batch needed tens of GB), the actor's own statistics, nothing counted in the budget, and its
+    seconds timed as off-budget (the step's seconds are reduced by them)."""
+    from harness.train.budget import OFF_BUDGET, BudgetLedger
+    from harness.train.hooks import new_rollout_batch
+    from harness.train.trl.trainer import SAMPLE_BATCH_GROUPS
+
+    trainer, model = make_trainer(tiny_model_dir, tmp_path, prompts_per_step=6)
+    trainer.sample_batch_path = tmp_path / "sample_batch.json"
+    g = torch.Generator().manual_seed(3)
+    rows = 6 * 2
+    completion_mask = (torch.arange(5)[None] < torch.randint(1, 6, (rows, 1), generator=g)).long()
+    out = {"prompt_ids": torch.randint(4, 40, (rows, 3), generator=g), "prompt_mask": torch.ones(rows, 3).long(),
+           "completion_ids": torch.randint(4, 40, (rows, 5), generator=g), "completion_mask": completion_mask}
+    batch = new_rollout_batch(out["completion_ids"], completion_mask, torch.arange(rows).float() % 3,
+                              torch.arange(rows) // 2, "group")
+    trainer.clock.collect()
+    trainer._write_sample_batch(out, batch)
+    sample = json.loads(trainer.sample_batch_path.read_text())
+    kept = SAMPLE_BATCH_GROUPS * 2
+    assert sample["group_ids"] == (torch.arange(kept) // 2).tolist()  # whole groups, in order
+    assert len(sample["completion_ids"]) == len(sample["logp"]) == len(sample["prompts"]) == kept < rows
+    with torch.no_grad():
+        logp, entropy = direct_logp_entropy(model, {k: v[:kept] for k, v in out.items()})
+    mask = completion_mask[:kept].bool()
+    assert torch.allclose(torch.tensor(sample["logp"])[mask], logp[mask], atol=1e-5)
+    assert torch.allclose(torch.tensor(sample["entropy"])[mask], entropy[mask], atol=1e-4)
+    assert trainer.accounting.step_ledger == BudgetLedger()  # nothing counted
+    assert set(trainer.clock.collect()) == {OFF_BUDGET}

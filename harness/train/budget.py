@@ -37,6 +37,7 @@ import hashlib
 import json
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -213,6 +214,7 @@ class BudgetLedger:
         return out
 
 
+OFF_BUDGET = "off_budget"  # a PhaseClock phase whose seconds the step's are reduced by (diagnostics)
 LEDGER_FILE = "harness_budget.json"  # the budget ledger, saved in each resumable trainer checkpoint
 DIGEST_STEPS = 8  # the first optimizer steps whose rollout and weight digests run.json lists (`harness verify`)
 
@@ -283,6 +285,17 @@ class StepAccounting:
         self.step_ledger.forwarded_positions += positions
         if backward:
             self.step_ledger.trained_positions += positions
+
+    @contextmanager
+    def uncounted(self):
+        """Forwards inside are not counted (diagnostics off the budget: the sample batch); time them as
+        ``OFF_BUDGET`` on the clock to take their seconds off the step."""
+        kept = self.step_ledger
+        self.step_ledger = BudgetLedger()
+        try:
+            yield
+        finally:
+            self.step_ledger = kept
 
     def close_step(self, seconds: dict[str, float], step_seconds: float, sum_over_processes) -> None:
         """Adds this step's counts, summed over the processes (``sum_over_processes``: a float64 tensor's sum over

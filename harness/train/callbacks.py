@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
-from harness.train.budget import tensors_sha256
+from harness.train.budget import OFF_BUDGET, tensors_sha256
 from harness.train.progress import ProgressLog
 
 if TYPE_CHECKING:
@@ -40,7 +40,9 @@ class BudgetCallback(TrainerCallback):
         trainer, accounting = self.trainer, self.trainer.accounting
         accounting.clock.stop("step", self._step_started)
         seconds = accounting.clock.collect()
-        accounting.close_step(seconds, seconds.pop("step", 0.0), trainer.processes.sum)
+        # diagnostics inside the step (the sample batch) are off the budget clock
+        step_seconds = seconds.pop("step", 0.0) - seconds.pop(OFF_BUDGET, 0.0)
+        accounting.close_step(seconds, step_seconds, trainer.processes.sum)
         accounting.digests.close_step(state.global_step, trainer.accelerator.unwrap_model(model))
         ledger = accounting.ledger
         budget = trainer.preset.train.budget

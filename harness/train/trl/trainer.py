@@ -34,11 +34,17 @@ from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
 from harness.train.actor import Actor, update_schedule
-from harness.train.budget import BudgetLedger, ModelShape, PhaseClock, StepAccounting, rotate_checkpoints
+from harness.train.budget import (
+    OFF_BUDGET,
+    BudgetLedger,
+    ModelShape,
+    PhaseClock,
+    StepAccounting,
+    rotate_checkpoints,
+)
 from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, GroupExchange, PromptStream
 from harness.train.hooks import new_rollout_batch, prepare_batch
 from harness.train.rollout_inputs import GROUP_IDS, reduced_inputs
-from harness.train.token_statistics import model_token_statistics
 from harness.train.trl.patches import (
     AcceleratorProcesses,
     class_forward_while_generating,
@@ -51,6 +57,10 @@ from methods.base import Method, RolloutBatch, StepContext
 
 logger = logging.getLogger(__name__)
 KEPT_TRAINER_CHECKPOINTS = 2  # the newest complete trainer checkpoint and the one before it
+# prompt groups of a process in sample_batch.json: all rollouts of a group (the advantages need them), few groups
+# (a paper preset's generation batch is thousands of rows of up to 20k tokens: one padded forward over it needed
+# tens of GB, and its JSON with token strings would be gigabytes)
+SAMPLE_BATCH_GROUPS = 4
 
 
 class TargetedGRPOTrainer(GRPOTrainer):
@@ -205,7 +215,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         batch = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards, group_ids,
                                   train.scale_rewards, self.special_token_ids)
         if self.sample_batch_path is not None and self.state.global_step == 0:
-            self._write_sample_batch(out, batch)  # every process runs the forward (collectives under ZeRO-3/FSDP)
+            self._write_sample_batch(out, batch)
         prepared = prepare_batch(self.method, batch, self.step_context())
         if len(prepared.rows) == 0 or prepared.length == 0:
             raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
@@ -252,30 +262,35 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return [dict(self.train_dataset[i]) for i in drawn[index * share:(index + 1) * share]
                 for _ in range(self.num_generations)]
 
-    @torch.no_grad()
     def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
-        """The first generation batch in the ``harness inspect`` format, with token strings: the report colours
-        what each method selects on these same rollouts. A diagnostic forward outside the budget."""
+        """The first ``SAMPLE_BATCH_GROUPS`` prompt groups of the first generation batch in the ``harness inspect``
+        format, with token strings: the report colours what each method selects on these same rollouts (a method
+        with batch-wide statistics, e.g. an entropy quantile, selects over these groups, not the whole batch). The
+        forward is the actor's (row chunks, padding-free when the preset is), run by every process on its own first
+        groups (the same number of rows on each: collectives under ZeRO-3/FSDP), not counted in the budget and off
+        its clock; the main process writes its rows."""
         from harness.data.files import write_json_atomic
 
-        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
-        train = self.preset.train
-        stats = model_token_statistics(self.model, input_ids, attention_mask, out["completion_ids"].shape[1],
-                                       ("entropy", "sum_p2"), train.temperature, train.stats_chunk_size)
+        rows = min(SAMPLE_BATCH_GROUPS * self.num_generations, out["completion_ids"].shape[0])
+        inputs = {k: out[k][:rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        started = self.clock.start()
+        with torch.no_grad(), self.accounting.uncounted():  # the phase name is moot: nothing is counted
+            stats = self.actor.statistics(self.model, inputs, ("entropy", "sum_p2"), "train", backward=False)
+        self.clock.stop(OFF_BUDGET, started)
         if not self.accelerator.is_main_process:
             return
-        tokenizer = self.processing_class
+        train, tokenizer = self.preset.train, self.processing_class
+        completion_ids = batch.completion_ids[:rows].tolist()
         write_json_atomic(self.sample_batch_path, {
-            "completion_ids": batch.completion_ids.tolist(), "completion_mask": batch.completion_mask.int().tolist(),
-            "rewards": batch.rewards.tolist(), "group_ids": batch.group_ids.tolist(),
+            "completion_ids": completion_ids, "completion_mask": batch.completion_mask[:rows].int().tolist(),
+            "rewards": batch.rewards[:rows].tolist(), "group_ids": batch.group_ids[:rows].tolist(),
             "logp": stats["logp"].cpu().tolist(), "entropy": stats["entropy"].cpu().tolist(),
             "sum_p2": stats["sum_p2"].cpu().tolist(), "progress": 0.0, "seed": self.run_seed,
             "special_token_ids": list(self.special_token_ids), "aggregation": train.aggregation,
             "scale_rewards": train.scale_rewards, "clip_eps_low": train.clip_eps_low,
             "clip_eps_high": train.clip_eps_high, "max_completion_length": train.max_completion_length,
-            "prompts": tokenizer.batch_decode(out["prompt_ids"], skip_special_tokens=True),
-            "completion_tokens": [tokenizer.convert_ids_to_tokens(row) for row in batch.completion_ids.tolist()],
+            "prompts": tokenizer.batch_decode(inputs["prompt_ids"], skip_special_tokens=True),
+            "completion_tokens": [tokenizer.convert_ids_to_tokens(row) for row in completion_ids],
         }, indent=None)
 
     # --- budget, checkpoints, metrics --------------------------------------------------------------------------
