@@ -527,3 +527,22 @@ def test_sample_batch_is_a_few_whole_groups_through_the_actor_and_off_the_budget
     assert torch.allclose(torch.tensor(sample["entropy"])[mask], entropy[mask], atol=1e-4)
     assert trainer.accounting.step_ledger == BudgetLedger()  # nothing counted
     assert set(trainer.clock.collect()) == {OFF_BUDGET}
+
+
+def test_colocated_vllm_engines_are_seeded_by_the_run_seed_and_keep_trls_engine_index(monkeypatch):
+    """TRL seeds colocated engine i with i whatever the run: every seed of a sweep sampled the same rollout
+    randomness. The engine now gets run seed x 2^16 + TRL's index (tensor-parallel groups still sample alike)."""
+    from trl.generation import vllm_generation
+
+    from harness.train.trl.vllm import colocated_engine_settings
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kwargs: built.append(kwargs), raising=False)
+    preset = PresetConfig(name="test")
+    for run_seed in (0, 1, 7):
+        with colocated_engine_settings(preset, run_seed):
+            for trl_index in (0, 1):
+                vllm_generation.LLM(model="m", seed=trl_index)
+    seeds = [kwargs["seed"] for kwargs in built]
+    assert seeds == [0, 1, 65536, 65537, 7 * 65536, 7 * 65536 + 1]
+    assert len(set(seeds)) == len(seeds) and all(kwargs["dtype"] == preset.model.dtype for kwargs in built)

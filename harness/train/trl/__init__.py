@@ -85,8 +85,10 @@ TOUCH_POINTS = (
                "(introspected), dropped from the reference's deep copy"),
     TouchPoint("trl.trainer.utils", "source", ("29500",), "vllm.ephemeral_port",
                "TRL's _find_free_port tries 29500 first: a one-process colocated job gets a free MASTER_PORT"),
-    TouchPoint("trl.generation.vllm_generation:VLLMGeneration._init_vllm", "source", ("self.llm = LLM(",),
-               "vllm.colocated_engine_settings", "the module's LLM is swapped to add the policy's dtype",
+    TouchPoint("trl.generation.vllm_generation:VLLMGeneration._init_vllm", "source",
+               ("self.llm = LLM(", "seed=accelerator.process_index // self.tensor_parallel_size"),
+               "vllm.colocated_engine_settings", "the module's LLM is swapped to add the policy's dtype and the run seed "
+               "to TRL's per-engine seed",
                absent=("dtype=",)),
     TouchPoint(f"{GRPO}._generate_single_turn", "source", ("self.vllm_generation.sync_weights()",),
                "vllm.reload_into_cpu_engine", "train.vllm_device=cpu replaces sync_weights, called before generating"),

@@ -75,7 +75,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; unset, vLLM sizes it from the machine's memory
         if colocated and "WORLD_SIZE" not in os.environ and not os.environ.get("MASTER_PORT"):
             os.environ["MASTER_PORT"] = str(ephemeral_port())
-        with colocated_engine_settings(preset) if colocated else nullcontext():
+        with colocated_engine_settings(preset, run_seed) if colocated else nullcontext():
             super().__init__(*args, **kwargs)
         if cpu_engine:
             generation = self.vllm_generation

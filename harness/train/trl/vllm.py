@@ -19,12 +19,26 @@ def ephemeral_port() -> int:
         return probe.getsockname()[1]
 
 
+# seeds of one run's colocated engines: run seed x this + TRL's per-engine index (process index // tensor parallel)
+ENGINE_SEEDS_PER_RUN = 1 << 16
+
+
+def engine_seed(run_seed: int, trl_engine_seed: int) -> int:
+    """The sampling seed of one colocated engine: TRL 1.16 seeds engine i with i (the process index over the tensor
+    parallel size, so a tensor-parallel group samples alike), whatever the run's seed, so every run of a sweep drew
+    the same rollout randomness; the run seed is added in above TRL's index."""
+    if not 0 <= trl_engine_seed < ENGINE_SEEDS_PER_RUN:
+        raise ValueError(f"vLLM engine index {trl_engine_seed} outside [0, {ENGINE_SEEDS_PER_RUN})")
+    return run_seed * ENGINE_SEEDS_PER_RUN + trl_engine_seed
+
+
 @contextmanager
-def colocated_engine_settings(preset: PresetConfig):
+def colocated_engine_settings(preset: PresetConfig, run_seed: int):
     """While TRL 1.16 builds its colocated vLLM engine (``VLLMGeneration._init_vllm``), the engine also gets the
     policy's dtype: TRL passes none, and vLLM's ``"auto"`` turns a float32 checkpoint into bfloat16, so the
-    rollouts of a float32 policy would come from rounded weights. With ``train.vllm_device=cpu`` it also runs eager
-    (vLLM's CPU build otherwise compiles the model with torch.compile at start, as the eval backend avoids too)."""
+    rollouts of a float32 policy would come from rounded weights; and a seed of the run's (``engine_seed``). With
+    ``train.vllm_device=cpu`` it also runs eager (vLLM's CPU build otherwise compiles the model with torch.compile at
+    start, as the eval backend avoids too)."""
     from trl.generation import vllm_generation
 
     engine = getattr(vllm_generation, "LLM", None)  # absent without vLLM: TRL then raises its own clear ImportError
@@ -32,7 +46,11 @@ def colocated_engine_settings(preset: PresetConfig):
         yield
         return
     extra = {"dtype": preset.model.dtype, **({"enforce_eager": True} if preset.train.vllm_device == "cpu" else {})}
-    vllm_generation.LLM = lambda *args, **kwargs: engine(*args, **{**kwargs, **extra})
+
+    def seeded_engine(*args, **kwargs):
+        return engine(*args, **{**kwargs, **extra, "seed": engine_seed(run_seed, kwargs["seed"])})
+
+    vllm_generation.LLM = seeded_engine
     try:
         yield
     finally:
