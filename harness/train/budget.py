@@ -223,15 +223,40 @@ def tensors_sha256(named: list[tuple[str, torch.Tensor]]) -> str:
     """sha256 over tensors' names, dtypes, shapes and bytes, in the given order: equal iff bit-identical."""
     digest = hashlib.sha256()
     for name, tensor in named:
-        data = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes())
+        _add_tensor(digest, name, tensor)
     return digest.hexdigest()
 
 
+def _add_tensor(digest, name: str, tensor: torch.Tensor) -> None:
+    data = tensor.detach().cpu().contiguous().reshape(-1)
+    digest.update(f"{name}|{data.dtype}|{tuple(tensor.shape)}|".encode())
+    digest.update(data.view(torch.uint8).numpy().tobytes())
+
+
 def weights_sha256(model: torch.nn.Module) -> str:
-    """The digest of a model's trainable weights (this process's: under ZeRO-3 or FSDP its shards)."""
-    return tensors_sha256(sorted((n, p) for n, p in model.named_parameters() if p.requires_grad))
+    """The digest of a model's full trainable weights (``tensors_sha256`` of them, sorted by name). Under DeepSpeed
+    ZeRO-3 or FSDP2 a process holds only a shard (ZeRO-3's ``p.data`` is empty: hashing it gave one constant digest
+    per run); there each weight is gathered in turn, a collective that every process runs in the same order, so
+    every process gets the whole model's digest with one gathered weight in memory at a time."""
+    digest = hashlib.sha256()
+    for name, parameter in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        with _gathered(parameter) as full:
+            _add_tensor(digest, name, full)
+    return digest.hexdigest()
+
+
+@contextmanager
+def _gathered(parameter: torch.nn.Parameter):
+    """The whole of one parameter: gathered from its ZeRO-3 partitions or FSDP2 shards, else itself."""
+    if hasattr(parameter, "ds_id"):  # a DeepSpeed ZeRO-3 parameter
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([parameter]):
+            yield parameter.data
+    elif hasattr(parameter, "full_tensor"):  # an FSDP2 DTensor
+        yield parameter.full_tensor()
+    else:
+        yield parameter
 
 
 @dataclass
