@@ -1,5 +1,6 @@
 """Run by tests/test_zero3_digests.py under torchrun (2 processes, DeepSpeed ZeRO-3 over gloo on CPU): each process
-prints (after DIGESTS) the weight digest of the unsharded model and of the same model once ZeRO-3 has partitioned it, as JSON."""
+prints, after DIGESTS, the weight digest of the unsharded model and of the same model once ZeRO-3 has partitioned
+it, as JSON."""
 
 import copy
 import json
