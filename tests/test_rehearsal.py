@@ -73,6 +73,19 @@ def test_the_vllm_cpu_rehearsal_runs_one_colocated_process(tmp_path):
     assert small.preset.eval.backend == "vllm" and small.preset.eval.vllm.device == "cpu"
 
 
+def test_the_cuda_rehearsal_runs_one_gpu_job_per_gpu(tmp_path):
+    """--mode cuda: the train and eval jobs each ask for a GPU, and Snakemake is given the GPUs there are as the
+    `gpu` resource, so on one GPU they run one at a time (two eval engines at half its memory each collided)."""
+    from harness.ops.resources import rule_resources
+
+    small = rehearsal_of("paper-ktae", tmp_path, mode="cuda")
+    asked = rule_resources(resolve(small.sweep).preset)
+    assert asked["train"]["gpu"] == asked["eval"]["gpu"] == 1
+    command = rehearsal.snakemake_command(small, tmp_path, cores=8, gpus=1)
+    assert command[command.index("--resources") + 1] == "gpu=1"
+    assert rehearsal.visible_gpus("cpu") == rehearsal.visible_gpus("vllm-cpu") == 0
+
+
 def test_architectures_follow_the_hub_id():
     assert rehearsal_setup.architecture("Qwen/Qwen2.5-Math-1.5B") == "qwen2"
     assert rehearsal_setup.architecture("Qwen/Qwen3-8B-Base") == "qwen3"

@@ -27,10 +27,26 @@ from harness.config.schema import PresetConfig
 from harness.ops.rehearsal_setup import Rehearsal, prepare
 
 
-def run_snakemake(rehearsal: Rehearsal, out_dir: Path, cores: int = 2) -> subprocess.CompletedProcess:
-    """The repository's Snakefile on the rehearsal sweep, locally, as `snakemake --cores N --configfile F`."""
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"), "--cores",
-               str(cores), "--configfile", str(out_dir / f"{rehearsal.name}.yaml"), "--printshellcmds"]
+def snakemake_command(rehearsal: Rehearsal, out_dir: Path, cores: int, gpus: int) -> list[str]:
+    """`snakemake --cores N --resources gpu=G --configfile F` on the repository's Snakefile: every rule asks for its
+    GPUs as the ``gpu`` resource (harness/ops/resources.py), so G GPUs run at most G GPU-jobs at a time (two eval
+    engines at half a GPU's memory each would collide, and a timing would mix jobs)."""
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"), "--cores", str(cores),
+            "--resources", f"gpu={gpus}", "--configfile", str(out_dir / f"{rehearsal.name}.yaml"), "--printshellcmds"]
+
+
+def visible_gpus(mode: str) -> int:
+    """The GPUs a rehearsal's jobs may share: those torch sees in ``cuda`` mode, none otherwise."""
+    if mode != "cuda":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_snakemake(rehearsal: Rehearsal, out_dir: Path, cores: int = 2, gpus: int = 0) -> subprocess.CompletedProcess:
+    """The repository's Snakefile on the rehearsal sweep, locally (``snakemake_command``)."""
+    command = snakemake_command(rehearsal, out_dir, cores, gpus)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = out_dir / f"{rehearsal.name}.snakemake.log"
     with open(log, "w", encoding="utf-8") as handle:
@@ -177,7 +193,7 @@ def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2)
     print(f"rehearsal of {sweep_file} in {out_dir / rehearsal.name}")
     for line in rehearsal.replaced:
         print(f"  replaced: {line}")
-    done = run_snakemake(rehearsal, out_dir, cores)
+    done = run_snakemake(rehearsal, out_dir, cores, visible_gpus(mode))
     if done.returncode:
         print(f"FAILED: snakemake exited {done.returncode} (log: {out_dir / rehearsal.name}.snakemake.log)")
         return 1
