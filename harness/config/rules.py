@@ -153,6 +153,15 @@ def missing_input_files(preset: PresetConfig) -> list[str]:
             if "{data_dir}" not in path and not resolve_repo_path(path).is_file()]
 
 
+# accelerate's FSDP on a machine without CUDA trains unsharded (DDP, or independent processes) without a warning, so no
+# CPU rehearsal can exercise it, and a reading of its GPU path found faults no run has shown fixed (issue 33 item 8)
+FSDP_NEVER_RUN = (
+    "train.distributed=fsdp has never run (no GPU here, and accelerate's FSDP runs unsharded on CPU, so no rehearsal "
+    "covers it; known faults: FSDP2's input casting copies the packed-attention layout, no_sync keeps whole unsharded "
+    "gradients across backward chunks, RAM-efficient loading leaves the reference model on meta, full-state-dict "
+    "checkpoints gather the optimizer on rank 0): use deepspeed_zero3 (rehearsed on CPU) or ddp")
+
+
 def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
     """Checks across keys and sections: the launch settings against the GPUs the jobs get, the mini-batches against
     the prompt groups of each process, and eval-only labels."""
@@ -164,6 +173,8 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
                         f"{res.train.gpus}; set train.launcher=accelerate to train on all of them")
     if train.launcher == "python" and train.distributed != "ddp":
         problems.append(f"train.distributed={train.distributed} needs train.launcher=accelerate")
+    if train.distributed == "fsdp":
+        problems.append(FSDP_NEVER_RUN)
     if train.launcher == "accelerate" and processes < 1:
         problems.append(f"train.launcher=accelerate needs resources.train.gpus >= {server + 1} (one per training "
                         f"process{', plus the vLLM server GPUs' if server else ''}), got {res.train.gpus}")

@@ -276,7 +276,8 @@ class TrainConfig:
         "python", "how the train job starts (harness/ops/resources.py builds the command): python = one process (CPU "
         "or one GPU); accelerate = `accelerate launch` with one process per GPU of resources.train (minus vLLM server "
         "GPUs)", choices=("python", "accelerate"))
-    distributed: str = setting("ddp", "accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml",
+    distributed: str = setting("ddp", "accelerate backend: configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml; fsdp "
+                               "is refused (never run; harness/config/rules.py FSDP_NEVER_RUN)",
                                choices=("ddp", "deepspeed_zero3", "fsdp"))
     collective_timeout_s: int = setting(
         1800, "seconds a collective (all-reduce, all-gather, barrier) waits for the other training processes before "
