@@ -195,10 +195,13 @@ def cmd_report(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from harness.ops.resources import format_plan
+    from harness.ops.resources import format_plan, plan_memory_problems
 
-    resolved, _ = _resolve(args)
+    resolved, _ = _resolve(args)  # refuses a preset whose GPU jobs do not fit (harness/config/rules.py)
     print(format_plan(resolved))
+    problems = plan_memory_problems(resolved)  # also a reference model a method's needs add
+    if problems:
+        raise ConfigError(f"{resolved.source}: " + "; ".join(problems))
 
 
 def cmd_power(args) -> None:

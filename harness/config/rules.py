@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.config.choices import GENERATION_COUNTING_BUDGET_KINDS
 from harness.config.launch import per_device_rollouts, training_processes, vllm_server_gpus
+from harness.config.memory import memory_problems
 from harness.config.paths import LABEL_PATTERN, WARMSTART_LABEL, checkpoint_name, resolve_repo_path
 from harness.config.schema import (
     COMMIT_SHA,
@@ -164,7 +165,8 @@ FSDP_NEVER_RUN = (
 
 def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
     """Checks across keys and sections: the launch settings against the GPUs the jobs get, the mini-batches against
-    the prompt groups of each process, and eval-only labels."""
+    the prompt groups of each process, eval-only labels, and the GPU jobs' peak memory per device against
+    ``resources.device_memory_gb``."""
     train, res = preset.train, preset.resources
     server, processes = vllm_server_gpus(train), training_processes(preset)
     problems = []
@@ -226,6 +228,8 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
     if released and list(train.budget.checkpoint_fractions) != [1.0]:
         problems.append(f"labels {[s.label for s in released]} evaluate one released checkpoint each (key "
                         "'checkpoint'): set train.budget.checkpoint_fractions to [1.0]")
+    if not problems:  # peak memory per device of the GPU jobs (analytic, harness/config/memory.py); a reference
+        problems += memory_problems(preset)  # model counts here for beta > 0; `harness plan` also for methods' needs
     if problems:
         raise ConfigError(f"{origin}: " + "; ".join(problems))
 

@@ -384,6 +384,10 @@ class ResourcesConfig:
     train: JobResources = section(lambda: JobResources(mem_mb=8000, runtime=240))
     eval: JobResources = section(lambda: JobResources(mem_mb=8000, runtime=120))
     report: JobResources = section(lambda: JobResources(mem_mb=8000, runtime=30))
+    device_memory_gb: float = setting(
+        80.0, "memory of one GPU in GiB (2^30 bytes, as nvidia-smi counts): `harness plan` prints each GPU rule's "
+        "peak per device against it and the sweep's start refuses a preset that does not fit "
+        "(harness/config/memory.py)", low=1.0)
 
 
 @dataclass

@@ -12,7 +12,8 @@ and the DAG they give); ``harness plan`` prints the cost of a sweep from them.
   (configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml) and one process per GPU; with ``train.vllm_mode=server``
   wrapped in scripts/train-with-vllm-server.sh, which starts TRL's vLLM server on the job's last
   ``train.vllm_tensor_parallel_size`` GPUs and trains on the others.
-- ``job_counts`` / ``plan``: how many jobs of each rule a sweep has and what they cost in GPU-hours.
+- ``job_counts`` / ``plan``: how many jobs of each rule a sweep has and what they cost in GPU-hours; ``format_plan``
+  adds each GPU rule's peak memory per device (harness/config/memory.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from harness.config.launch import training_processes, vllm_server_gpus
 from harness.config.loading import load_method
+from harness.config.memory import format_memory, memory_problems
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import JobResources, PresetConfig, Resolved
 
@@ -200,4 +202,22 @@ def format_plan(resolved: Resolved) -> str:
         lines.append(f"train: {train.jobs} runs x {train.gpus} GPUs x {train.hours:.2f} h; loading, checkpoint "
                      "saving and reward scoring come on top of the budget")
     lines += [f"warning: {w}" for w in plan_warnings(resolved)]
+    memory = format_memory(resolved.preset, needs_reference(resolved))
+    lines += ["", *memory] if memory else []
     return "\n".join(lines)
+
+
+def needs_reference(resolved: Resolved) -> bool:
+    """Whether a train job holds a reference model: ``train.beta`` > 0 or a trained label's method reads
+    ``ref_logp`` (the trainer's rule, harness/train/trl/trainer.py)."""
+    from methods.registry import get_method_class
+
+    released = released_checkpoints(resolved)
+    return resolved.preset.train.beta > 0 or any(
+        "ref_logp" in get_method_class(resolved.methods[label].name).needs
+        for label in resolved.sweep.methods if label not in released and label in resolved.methods)
+
+
+def plan_memory_problems(resolved: Resolved) -> list[str]:
+    """GPU rules that do not fit the device (``harness plan`` fails on them after printing the plan)."""
+    return memory_problems(resolved.preset, needs_reference(resolved))
