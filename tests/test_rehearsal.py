@@ -20,7 +20,7 @@ KEPT = ("prompt_template", "model.dtype", "train.master_dtype", "train.learning_
         "train.clip_eps_high", "train.clip_ratio_c", "train.beta", "train.kl_estimator", "train.aggregation",
         "train.scale_rewards", "train.reward", "train.reward_values", "train.temperature", "train.top_p",
         "train.dynamic_sampling.enabled", "train.dynamic_sampling.max_generation_rounds", "train.overlong.penalty",
-        "train.launcher", "train.budget.kind", "eval.k", "eval.temperature",
+        "train.launcher", "train.distributed", "train.budget.kind", "eval.k", "eval.temperature",
         "eval.top_p", "eval.greedy", "eval.stop")
 
 
@@ -58,11 +58,11 @@ def test_a_rehearsal_keeps_the_protocol_and_replaces_only_scale(sweep, tmp_path)
         assert train.dynamic_sampling.prompts_per_round == paper_ratio * train.prompts_per_step
     assert bool(train.overlong.buffer) == bool(paper_train.overlong.buffer)
     assert bool(train.loss_micro_batch_tokens) == bool(paper_train.loss_micro_batch_tokens)
-    assert train.distributed == "ddp" and not train.use_vllm and small.preset.eval.backend == "hf"
+    # the preset's distributed engine runs for real (DeepSpeed ZeRO-3 over gloo): the rehearsal checks what it got
+    assert train.distributed == paper_train.distributed and not train.use_vllm and small.preset.eval.backend == "hf"
+    assert any(f"distributed: {paper_train.distributed}, as the preset" in line for line in plan.replaced)
     assert all(b.limit == rehearsal_setup.BENCHMARK_ROWS for b in small.preset.eval.benchmarks.values())
     assert set(small.preset.eval.benchmarks) == set(paper.preset.eval.benchmarks)
-    if paper_train.distributed != "ddp":
-        assert any(f"{paper_train.distributed} runs as ddp" in line for line in plan.replaced)
 
 
 def test_the_vllm_cpu_rehearsal_runs_one_colocated_process(tmp_path):
@@ -83,7 +83,8 @@ def test_the_cuda_rehearsal_runs_one_gpu_job_per_gpu(tmp_path):
     assert asked["train"]["gpu"] == asked["eval"]["gpu"] == 1
     command = rehearsal.snakemake_command(small, tmp_path, cores=8, gpus=1)
     assert command[command.index("--resources") + 1] == "gpu=1"
-    assert rehearsal.visible_gpus("cpu") == rehearsal.visible_gpus("vllm-cpu") == 0
+    # on CPU a train job's 2 processes stand for its GPUs: train jobs run one at a time
+    assert rehearsal.gpu_slots("cpu") == rehearsal_setup.PROCESSES and rehearsal.gpu_slots("vllm-cpu") == 0
 
 
 def test_architectures_follow_the_hub_id():

@@ -115,3 +115,109 @@ def test_models_that_transform_logits_after_the_head_are_refused(tiny_model_dir)
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         model_token_statistics(model, torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4), 2, ())
+
+
+# --- one call of the LM head module per forward (ZeRO-3 and FSDP gather its weight on each call) ---------------------
+
+def per_chunk_head_calls(hidden, lm_head, targets, extras, temperature, chunk_size):
+    """The statistics as computed before one head call per forward: the head module called on each chunk, under
+    activation checkpointing with grad (so called again per chunk in backward). The reference for bit-identity."""
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk_statistics(h, t):
+        logits = lm_head(h).float() / temperature
+        log_norm = torch.logsumexp(logits, dim=-1)
+        out = [logits.gather(-1, t[:, None]).squeeze(-1) - log_norm]
+        with torch.no_grad():
+            probs = torch.softmax(logits.detach(), dim=-1)
+            out += [log_norm.detach() - (probs * logits.detach()).sum(-1), (probs * probs).sum(-1)]
+        return tuple(out)
+
+    B, T, H = hidden.shape
+    flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)
+    pieces = [checkpoint(chunk_statistics, flat_hidden[s:s + chunk_size], flat_targets[s:s + chunk_size],
+                         use_reentrant=False) for s in range(0, B * T, chunk_size)]
+    return {name: torch.cat([p[i] for p in pieces]).reshape(B, T) for i, name in enumerate(extras)}
+
+
+def statistics_and_gradients(compute, hidden, lm_head, targets, chunk_size, autocast):
+    hidden = hidden.clone().requires_grad_(True)
+    lm_head.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = compute(hidden, lm_head, targets, ("logp", "entropy", "sum_p2"), 0.7, chunk_size)
+    weights = torch.linspace(-1.0, 2.0, out["logp"].numel()).reshape(out["logp"].shape)
+    (out["logp"] * weights).sum().backward()
+    return out, [hidden.grad, *(p.grad for p in lm_head.parameters())]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk_size", [7, 64, 1000])
+def test_one_head_call_gives_the_bits_of_per_chunk_head_calls(chunk_size, bias, autocast):
+    # values and gradients (hidden, weight, bias) bit-identical to the per-chunk head calls, under bf16 autocast
+    # too, with one chunk and with several
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(16, 97, bias=bias)
+    hidden, targets = torch.randn(3, 40, 16), torch.randint(97, (3, 40))
+
+    def ours(h, head, t, names, temperature, size):
+        return token_statistics(h, head, t, names[1:], temperature, size)
+
+    new, new_grads = statistics_and_gradients(ours, hidden, lm_head, targets, chunk_size, autocast)
+    old, old_grads = statistics_and_gradients(per_chunk_head_calls, hidden, lm_head, targets, chunk_size, autocast)
+    for name in old:
+        assert torch.equal(new[name], old[name]), name
+    assert len(new_grads) == len(old_grads) == 2 + bias
+    for a, b in zip(new_grads, old_grads, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_head_module_is_called_once_in_forward_and_backward():
+    # 120 positions in chunks of 7: one call (18 before: 18 chunks, each recomputed in backward: 36)
+    lm_head = torch.nn.Linear(8, 13)
+    calls = []
+    lm_head.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    hidden = torch.randn(4, 30, 8, requires_grad=True)
+    out = token_statistics(hidden, lm_head, torch.randint(13, (4, 30)), ("entropy",), chunk_size=7)
+    out["logp"].sum().backward()
+    assert calls == [torch.Size([120, 8])]
+    assert "forward" not in vars(lm_head)  # its own forward again
+    assert lm_head(torch.zeros(2, 8)).shape == (2, 13)
+
+
+def test_no_logits_are_kept_for_backward():
+    # the memory property: what the forward keeps for backward is O(N x H + chunk x V), never an (N, V) block
+    V, H, N, chunk = 500, 8, 200, 16
+    lm_head = torch.nn.Linear(H, V, bias=False)
+    hidden = torch.randn(1, N, H, requires_grad=True)
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = token_statistics(hidden, lm_head, torch.randint(V, (1, N)), ("entropy", "sum_p2"), chunk_size=chunk)
+    out["logp"].sum().backward()
+    assert saved and max(saved) <= V * H  # the weight itself; an (N, V) block would be 100,000
+
+
+def test_tied_embeddings_get_the_head_gradient_once_per_call():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.train.token_statistics import model_token_statistics
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    input_ids = torch.randint(50, (2, 9), generator=torch.Generator().manual_seed(4))
+    attention_mask = torch.ones_like(input_ids)
+    ours = model_token_statistics(model, input_ids, attention_mask, 5, ("entropy",), 0.8, 3)
+    reference = full_logits_statistics(model, input_ids, attention_mask, 5, 0.8)
+    torch.testing.assert_close(ours["logp"], reference["logp"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    for a, b in zip(torch.autograd.grad(ours["logp"].sum(), params),
+                    torch.autograd.grad(reference["logp"].sum(), params), strict=True):
+        torch.testing.assert_close(a, b)

@@ -24,21 +24,25 @@ from harness.config.launch import training_processes
 from harness.config.loading import load_method, resolve
 from harness.config.paths import REPO_ROOT, SweepPaths
 from harness.config.schema import PresetConfig
-from harness.ops.rehearsal_setup import Rehearsal, prepare
+from harness.ops.rehearsal_setup import Rehearsal, engine, prepare
 
 
 def snakemake_command(rehearsal: Rehearsal, out_dir: Path, cores: int, gpus: int) -> list[str]:
     """`snakemake --cores N --resources gpu=G --configfile F` on the repository's Snakefile: every rule asks for its
     GPUs as the ``gpu`` resource (harness/ops/resources.py), so G GPUs run at most G GPU-jobs at a time (two eval
-    engines at half a GPU's memory each would collide, and a timing would mix jobs)."""
+    engines at half a GPU's memory each would collide, and a timing would mix jobs): ``gpu_slots``."""
     return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO_ROOT / "Snakefile"), "--cores", str(cores),
             "--resources", f"gpu={gpus}", "--configfile", str(out_dir / f"{rehearsal.name}.yaml"), "--printshellcmds"]
 
 
-def visible_gpus(mode: str) -> int:
-    """The GPUs a rehearsal's jobs may share: those torch sees in ``cuda`` mode, none otherwise."""
+def gpu_slots(mode: str) -> int:
+    """The ``gpu`` resource Snakemake is given: in ``cuda`` mode the GPUs torch sees; on CPU the processes one
+    train job launches as its "GPUs" (``resources.train.gpus`` of the rehearsal), so train jobs run one at a time
+    (two ZeRO-3 jobs of 2 processes each on 2 cores took 7x as long: each of their many collectives waits for a
+    descheduled peer)."""
     if mode != "cuda":
-        return 0
+        where = engine(mode)
+        return max(where.train_gpus, where.eval_gpus)
     import torch
 
     return torch.cuda.device_count()
@@ -73,6 +77,11 @@ def check_rehearsal(rehearsal: Rehearsal) -> list[str]:
             if not trainer_checkpoints:
                 problems.append(f"{label}/seed{seed}: no trainer checkpoint (train.save_every_steps)")
                 continue
+            for budget_checkpoint in sorted(run_dir.glob("ckpt-*")):  # gathered whole, even from ZeRO-3 shards
+                saved = load_file(budget_checkpoint / "model.safetensors")
+                wrong = [k for k in warm if k not in saved or saved[k].shape != warm[k].shape]
+                if wrong:
+                    problems.append(f"{label}/seed{seed}: {budget_checkpoint.name} lacks or reshapes {wrong[:3]}")
             master = load_file(trainer_checkpoints[-1] / "model.safetensors")
             moved = sum(float((master[k].float() - warm[k].float()).abs().sum()) for k in warm)
             if moved == 0.0:
@@ -95,7 +104,9 @@ def _run_problems(preset: PresetConfig, record: dict) -> list[str]:
     """A trained run's precision and its ledger against the budget's arithmetic."""
     problems = []
     precision = record.get("precision", {})
-    if precision.get("trainable_dtypes") != ["torch.float32"]:
+    if preset.train.distributed == "deepspeed_zero3":
+        problems += _zero3_problems(precision)
+    elif precision.get("trainable_dtypes") != ["torch.float32"]:
         problems.append(f"trainable weights are {precision.get('trainable_dtypes')}, not float32")
     states = precision.get("optimizer_state_dtypes") or []
     if not states or not all(s.startswith("torch.float32") for s in states):
@@ -121,6 +132,25 @@ def _run_problems(preset: PresetConfig, record: dict) -> list[str]:
             problems.append(f"spent {budget['spent']:g} rollouts: more than one step past the budget")
     if budget["kind"] == "steps" and ledger["steps"] % (train.mini_batches * train.ppo_epochs):
         problems.append(f"{ledger['steps']} optimizer steps: not whole generation batches")
+    return problems
+
+
+def _zero3_problems(precision: dict) -> list[str]:
+    """What a ZeRO-3 run must have trained with (run.json ``precision``, read from the live engine): DeepSpeed at
+    stage 3 with parameters partitioned over the processes, float32 master partitions, and gradients accumulated and
+    reduced in float32 (DeepSpeed's default under bf16 is bf16 for both)."""
+    engine = precision.get("deepspeed") or {}
+    problems = []
+    if precision.get("distributed") != "DEEPSPEED" or engine.get("zero_stage") != 3:
+        problems.append(f"trained under {precision.get('distributed')} at ZeRO stage {engine.get('zero_stage')}, "
+                        "not DeepSpeed ZeRO-3")
+    if not engine.get("partitioned_parameters"):
+        problems.append("no parameter was partitioned over the processes")
+    if not any(s.endswith("(deepspeed master partition)") for s in precision.get("optimizer_state_dtypes") or []):
+        problems.append("no DeepSpeed float32 master partition")
+    for key in ("grad_accum_dtype", "communication_dtype"):
+        if engine.get(key) != "torch.float32":
+            problems.append(f"DeepSpeed {key} is {engine.get(key)}, not float32")
     return problems
 
 
@@ -193,7 +223,7 @@ def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2)
     print(f"rehearsal of {sweep_file} in {out_dir / rehearsal.name}")
     for line in rehearsal.replaced:
         print(f"  replaced: {line}")
-    done = run_snakemake(rehearsal, out_dir, cores, visible_gpus(mode))
+    done = run_snakemake(rehearsal, out_dir, cores, gpu_slots(mode))
     if done.returncode:
         print(f"FAILED: snakemake exited {done.returncode} (log: {out_dir / rehearsal.name}.snakemake.log)")
         return 1

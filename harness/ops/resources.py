@@ -66,6 +66,13 @@ def accelerate_config(distributed: str) -> Path:
     return ACCELERATE_DIR / f"{distributed}.yaml"
 
 
+def deepspeed_config_arguments(distributed: str) -> list[str]:
+    """``--deepspeed_config_file`` for DeepSpeed backends: the JSON beside the accelerate config (an absolute path on
+    the command line, as the job's working directory may differ)."""
+    json_config = ACCELERATE_DIR / f"{distributed}.json"
+    return ["--deepspeed_config_file", shlex.quote(str(json_config))] if distributed.startswith("deepspeed") else []
+
+
 def train_command(preset: PresetConfig, harness_args: str, model_dir: Path | str, log: str = "{log}") -> str:
     """The train rule's shell command (Snakemake placeholders in ``harness_args`` and ``log`` pass through).
 
@@ -78,6 +85,7 @@ def train_command(preset: PresetConfig, harness_args: str, model_dir: Path | str
     else:
         command = " ".join([
             "accelerate launch", "--config_file", shlex.quote(str(accelerate_config(train.distributed))),
+            *deepspeed_config_arguments(train.distributed),
             "--num_processes", str(training_processes(preset)), "--num_machines 1",
             "--main_process_port 0",  # a free port: several train jobs may share a node
             "--mixed_precision", mixed_precision(preset.model.dtype), "-m harness.cli", harness_args])

@@ -63,17 +63,50 @@ class Processes(Protocol):
     def autocast(self) -> AbstractContextManager: ...  # the policy's mixed precision, for the unprepared reference
 
 
-def update_schedule(batch: dict, group_index: torch.Tensor, groups: int, mini_batches: int,
-                    epochs: int) -> Iterator[dict]:
+def every_process(processes: Processes, values: torch.Tensor, process_index: int) -> torch.Tensor:
+    """``values`` of every process, stacked in process order (P, *values.shape), the same on every process: an
+    all-gather as one all-reduce sum over a tensor that holds this process's values in its own row and zeros in the
+    others (x + 0 = x, NaN and inf included). With one process ``values[None]``, no collective. Every process must
+    call it at the same point (a collective)."""
+    if processes.num_processes == 1:
+        return values[None]
+    rows = torch.zeros((processes.num_processes, *values.shape), dtype=values.dtype, device=processes.device)
+    rows[process_index] = values.to(processes.device)
+    return processes.sum(rows).to(values.device)
+
+
+def by_process(described: dict[int, str], processes: int) -> str:
+    """What a decision found on each process (index -> text), as one phrase: the text alone with one process, else
+    "<text> on process <index>" for each."""
+    if processes == 1:
+        return ", ".join(described.values())
+    return ", ".join(f"{text} on process {index}" for index, text in described.items())
+
+
+def update_schedule(batch: dict, group_index: torch.Tensor, groups: int, mini_batches: int, epochs: int,
+                    processes: Processes, process_index: int) -> Iterator[dict]:
     """The inputs of the optimizer steps of one generation batch, in order: ``epochs`` passes over its
     ``mini_batches`` mini-batches, mini-batch j holding prompt groups [j P / k, (j + 1) P / k) of the process's
     ``groups`` = P groups in generation order (``group_index``: each row's group among them), the same in every
-    epoch. Raises when a method dropped every rollout of a mini-batch."""
+    epoch. Raises when a method dropped every rollout of a mini-batch of any process: on every process alike, with
+    the same message (decided over the processes: one process raising alone would leave the others waiting in their
+    next collective)."""
     parts = split_by_prompt_groups(batch, group_index, groups, mini_batches)
-    empty = [j for j, part in enumerate(parts) if part["completion_ids"].shape[0] == 0]
-    if empty:
-        raise ValueError(f"dropped every rollout of mini-batches {empty}; lower train.mini_batches={mini_batches}")
+    empty = torch.tensor([float(part["completion_ids"].shape[0] == 0) for part in parts])
+    empty = every_process(processes, empty, process_index)  # (P, mini_batches)
+    if empty.any():
+        described = {p: str(torch.nonzero(row).flatten().tolist()) for p, row in enumerate(empty) if row.any()}
+        raise ValueError(f"dropped every rollout of mini-batches {by_process(described, processes.num_processes)}; "
+                         f"lower train.mini_batches={mini_batches}")
     return (part for _ in range(epochs) for part in parts)
+
+
+def zero_on_graph(values: torch.Tensor) -> torch.Tensor:
+    """0.0 with ``values``'s graph: its backward sends exactly zero into ``values`` (nan_to_num masks the gradient of
+    its non-finite entries, where 0 x NaN would be NaN). Zero gradients in the parameters follow when the graph's
+    own local derivatives are finite (a logp from finite activations); the loss's graph can hold NaN ones (NaN token
+    weights): the gradients are then NaN, and are discarded by the optimizer step every process skips."""
+    return (torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0) * 0.0).sum().abs()  # abs: never -0.0
 
 
 def loss_config(train: TrainConfig, ctx: StepContext) -> LossConfig:
@@ -96,8 +129,8 @@ class Actor:
         self.log = log
         self.special_token_ids = special_token_ids
         self.reference = reference
-        self.nonfinite_steps = 0
-        self.skip_optimizer_step = False  # set by a non-finite loss, cleared by the skipped optimizer step
+        self.nonfinite_steps = 0  # steps whose loss was non-finite on any process: the same count on every process
+        self.skip_optimizer_step = False  # the current update's, set by policy_loss alike on every process
 
     @property
     def updates_per_generation(self) -> int:
@@ -110,9 +143,44 @@ class Actor:
                    loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Token statistics (B, T) of the whole batch, computed ``train.forward_chunk_rows`` rows at a time; their
         FLOPs go to ``phase`` (x3 when a backward follows). ``loss_positions`` (B, T) bool: the LM head runs only
-        there (``Method.loss_positions``)."""
-        return statistics_by_row_chunks(inputs, self.train.forward_chunk_rows, lambda chunk: (
+        there (``Method.loss_positions``).
+
+        Every process runs as many model forwards as the process with the most row chunks (ZeRO-3 and FSDP gather
+        each layer's weights in every forward, so the counts must agree; processes differ in rows when methods drop
+        rollouts): one with fewer runs ``_idle_forward`` for each chunk it lacks, on the graph with grad (its logp x
+        0.0 added to the statistics: a following backward reaches it with exactly zero). With one process: none,
+        and no collective."""
+        rows = self.train.forward_chunk_rows
+        behind = self._row_chunks_behind(inputs["completion_ids"].shape[0], rows)  # agreed before any forward
+        stats = statistics_by_row_chunks(inputs, rows, lambda chunk: (
             self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
+        for _ in range(behind):
+            idle = self._idle_forward(model, inputs["completion_ids"])
+            if torch.is_grad_enabled():
+                stats["logp"] = stats["logp"] + 0.0 * idle.sum()
+        return stats
+
+    def _most_rows(self, rows: int) -> int:
+        """The most rows any process has (``rows``, this process's, with one process: no collective)."""
+        if self.processes is None or self.processes.num_processes == 1:
+            return rows
+        return self.processes.max(rows)
+
+    def _row_chunks_behind(self, rows: int, rows_per_chunk: int) -> int:
+        """How many fewer row chunks of ``rows_per_chunk`` this process's ``rows`` make than the most any process
+        has: 0 with one process, else one all-reduce, which every process must reach before its forwards (one
+        still in a forward would pair its weight gathers with this all-reduce)."""
+        own = -(-rows // rows_per_chunk)
+        if self.processes is None or self.processes.num_processes == 1:
+            return 0
+        return self.processes.max(own) - own
+
+    def _idle_forward(self, model, like: torch.Tensor) -> torch.Tensor:
+        """logp (1, 1) of one model forward over two tokens (id 0: a one-token prompt and completion, on ``like``'s
+        device), not counted in the budget: what a process runs in place of a row chunk it lacks (``statistics``)."""
+        ids = torch.zeros((1, 2), dtype=like.dtype, device=like.device)
+        return model_token_statistics(model, ids, torch.ones_like(ids), 1, (), self.train.temperature,
+                                      self.train.stats_chunk_size)["logp"]
 
     def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
                               backward: bool, loss_positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -184,11 +252,14 @@ class Actor:
         """The method's weights on the whole mini-batch, then ``sum(w l) / D`` (+ beta KL) of its rows: in one
         forward (the caller runs the backward), or (``train.backward_chunk_rows``) row chunk by row chunk after a
         no-grad forward that gives the method its batch-wide statistics. One optimizer step per mini-batch: no
-        accumulation scaling. A non-finite loss skips the step (``skip_optimizer_step``)."""
+        accumulation scaling. A non-finite loss on any process skips the step on every process
+        (``skip_optimizer_step``, ``_skip_nonfinite_step``)."""
         started = time.perf_counter()
         batch = rollout_batch_of(inputs, self.special_token_ids)
         chunk_rows = self.train.backward_chunk_rows
-        in_chunks = bool(chunk_rows) and batch.completion_mask.shape[0] > chunk_rows
+        # decided over the processes: one taking the one-forward path while another chunks would run fewer
+        # forwards and backwards (ZeRO-3 pairs their collectives); with one process: no collective
+        in_chunks = bool(chunk_rows) and self._most_rows(batch.completion_mask.shape[0]) > chunk_rows
         positions = self.method.loss_positions(batch, ctx)  # (B, T) bool or None: the LM head runs only there
         with torch.no_grad() if in_chunks else nullcontext():
             stats = self.token_stats(model, inputs, backward=not in_chunks, loss_positions=positions)
@@ -203,8 +274,12 @@ class Actor:
         else:
             loss, metrics = loss_of_rows(stats.logp, loss_inputs, config)
         self._log_step_metrics(stats, result, metrics, mask, started, computed)
-        if not torch.isfinite(loss.detach()):
-            return self._skip_nonfinite_step(model, loss, ctx)
+        losses = every_process(self.processes, loss.detach().float().reshape(1), ctx.process_index)[:, 0]
+        nonfinite = torch.nonzero(~torch.isfinite(losses)).flatten().tolist()
+        self.skip_optimizer_step = bool(nonfinite)
+        if nonfinite:
+            # in chunks, the earlier chunks' backward has run: only the last chunk's graph is left, on the loss
+            return self._skip_nonfinite_step(loss if in_chunks else stats.logp, losses, nonfinite, ctx)
         return loss
 
     def normalised(self, loss_inputs: LossInputs, result: TokenWeights, batch, inputs: dict,
@@ -249,32 +324,46 @@ class Actor:
         """The loss of the whole batch with activations of only ``chunk_rows`` rows alive at a time: each row chunk
         runs forward + backward with its share of the loss (its rows' terms over the whole batch's denominators),
         gradients accumulating, synchronised across processes only in the last backward, which the caller runs on
-        the returned loss. Returns the whole loss's value (with the last chunk's graph) and the batch's metrics."""
+        the returned loss. Returns the whole loss's value (with the last chunk's graph) and the batch's metrics.
+        A process with fewer row chunks than another first runs an ``_idle_forward`` and a backward of 0.0 on it for
+        each it lacks: every process runs as many forwards and backwards (``statistics``)."""
         chunks = list(row_chunks(inputs, chunk_rows))
+        for _ in range(self._row_chunks_behind(inputs["completion_ids"].shape[0], chunk_rows)):
+            with self.processes.accumulating(model):  # first: the caller's last backward is a real chunk's
+                idle = self._idle_forward(model, inputs["completion_ids"])
+                self.processes.backward(0.0 * idle.sum())
         done, parts = torch.zeros((), device=loss_inputs.mask.device), []
         for index, chunk in enumerate(chunks):
-            logp = self._row_chunk_statistics(model, chunk, (), "train", True, loss_positions)["logp"]
-            rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
-            loss, metrics = loss_of_rows(logp, rows, config)
-            parts.append((metrics, rows.mask.sum()))
-            if index == len(chunks) - 1:
-                return loss + done, combine_row_metrics(parts)  # the whole loss's value; the last chunk's gradient
-            with self.processes.accumulating(model):
+            last = index == len(chunks) - 1
+            # DDP decides in the forward whether its backward all-reduces: every chunk's forward but the last runs
+            # inside no_sync too, or each chunk's backward would all-reduce the gradients
+            with nullcontext() if last else self.processes.accumulating(model):
+                logp = self._row_chunk_statistics(model, chunk, (), "train", True, loss_positions)["logp"]
+                rows = loss_inputs.rows(chunk.rows, chunk.completion_width)
+                loss, metrics = loss_of_rows(logp, rows, config)
+                parts.append((metrics, rows.mask.sum()))
+                if last:
+                    return loss + done, combine_row_metrics(parts)  # the whole loss's value; the last chunk's graph
                 self.processes.backward(loss)
             done = done + loss.detach()
 
-    def _skip_nonfinite_step(self, model, loss: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Counts a NaN/inf loss and skips its optimizer step; stops past ``train.max_nonfinite_steps``."""
+    def _skip_nonfinite_step(self, graph: torch.Tensor, losses: torch.Tensor, nonfinite: list[int],
+                             ctx: StepContext) -> torch.Tensor:
+        """A step whose loss was NaN/inf on the processes ``nonfinite`` (``losses``: every process's loss), decided
+        alike on every process: each counts it, skips its optimizer step (``skip_optimizer_step``, set by the caller)
+        and, past ``train.max_nonfinite_steps``, raises the same error. Returns 0.0 on ``graph`` (the step's logp, or
+        its loss when the backward ran in row chunks) for the backward every process still runs: the same graph as a
+        finite step's, so DDP's and ZeRO-3's collectives pair up (a graph over ``p.data`` would not: ZeRO-3's is
+        empty)."""
         self.nonfinite_steps += 1
         self.log("nonfinite/skipped_total", float(self.nonfinite_steps))
         limit = self.train.max_nonfinite_steps
         if self.nonfinite_steps > limit:
+            values = by_process({p: str(float(losses[p])) for p in nonfinite}, len(losses))
             raise NonFiniteLossError(
-                f"method {self.method.name!r}: the loss was {float(loss)} in {self.nonfinite_steps} steps (last at "
+                f"method {self.method.name!r}: the loss was {values} in {self.nonfinite_steps} steps (last at "
                 f"step {ctx.step + 1}), more than train.max_nonfinite_steps={limit}; stopping")
-        self.skip_optimizer_step = True
-        # a zero loss on the graph: backward gives zero gradients, and the optimizer step is skipped entirely
-        return sum((p * 0.0).sum() for p in model.parameters() if p.requires_grad)
+        return zero_on_graph(graph)
 
     def _log_step_metrics(self, stats: TokenStats, result: TokenWeights, loss_metrics: dict[str, torch.Tensor],
                           mask, started: float, computed) -> None:

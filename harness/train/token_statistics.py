@@ -1,19 +1,43 @@
 """Per-token statistics of sampled completions, computed in chunks of positions inside the model's own forward.
 
 logp, entropy and sum_p2 need the softmax over the whole vocabulary at every completion position. Materialising
-(B, T, V) float32 logits is the memory trap (V = 152k for Qwen: 0.6 MB per position). Instead the LM head is
-applied to ``chunk_size`` positions at a time; the chunk's logits are reduced to the statistics and discarded.
-With grad, each chunk runs under activation checkpointing so that backward recomputes its logits instead of keeping
-them: peak memory grows with chunk_size x V, not with B x T x V. This holds for a single chunk too: the trainer runs
-several row chunks before one backward, and a kept (T x V) block per row chunk would add up (measured: 8 one-row
-chunks of 256 positions kept 2.3x the activations of one checkpointed chunk, bench/nat_savings.py). The price is
-one more LM-head matmul per position in backward.
+(B, T, V) float32 logits is the memory trap (V = 152k for Qwen: 0.6 MB per position). Instead the LM head's matmul
+runs on ``chunk_size`` positions at a time; the chunk's logits are reduced to the statistics and discarded. With
+grad, each chunk runs under activation checkpointing, so that backward recomputes its logits instead of keeping
+them: peak memory grows with chunk_size x V, not with B x T x V. This holds for a single chunk too: the trainer
+runs several row chunks before one backward, and a kept (T x V) block per row chunk would add up (measured: 8
+one-row chunks of 256 positions kept 2.3x the activations of one checkpointed chunk, bench/nat_savings.py). The
+price is one more LM-head matmul per position in backward.
 
 Where the chunks run: for the duration of one call the model's LM head is swapped for ``StatisticsHead``, which
-calls the original head module chunk by chunk and returns the statistics in place of logits. So the model (and
-whatever wraps it) runs its own forward: DistributedDataParallel still all-reduces the gradients, and under
-DeepSpeed ZeRO-3 or FSDP the head's weights are gathered by the wrapper's hooks exactly as for a normal forward
-(the head module is called, its weight is never read directly).
+calls the original head module ONCE, on all the (N, H) hidden states that reach it, with that module's ``forward``
+replaced for the call by the chunked statistics (``_one_head_call``). So the model (and whatever wraps it) runs its
+own forward, and the head's weights are only ever read inside a call of the head module: DistributedDataParallel
+still all-reduces the gradients, and under DeepSpeed ZeRO-3 or FSDP the wrapper's hooks gather the head's weight for
+that call (and once more for its backward) exactly as for a normal forward.
+
+Why exactly one head call per model forward: ZeRO-3 gathers a module's parameters on every call of the module (an
+all-gather over all processes; FSDP likewise per unit), so the number of calls must be the same on every process.
+The number of chunks is not: it follows the process's own token count (ceil(N / chunk_size)), which differs
+between processes whenever their completions differ in length. Calling the head once per chunk (and again per
+chunk when activation checkpointing recomputed it in backward) made the processes issue different numbers of
+all-gathers: gloo aborts on a size mismatch, NCCL hangs or pairs up the wrong tensors (measured on CPU with 2
+processes: ZeRO-3 aborted in the first backward, no-grad passes hung). The same reason makes ``generate`` need
+``synced_gpus`` under ZeRO-3. TRL 1.16's fused LM-head loss reads the weight outside the module instead, gathering
+it by hand (``trl.trainer.utils``, ``deepspeed.zero.GatheredParameters``, again in its backward); verl's fused PPO
+kernel (``_fused_linear_for_ppo_fwd``) likewise takes the head's weight as an argument. The row chunks of the
+trainer make the same agreement one level up: ``Actor.statistics`` runs as many model forwards on every process
+(``harness.train.actor``).
+
+Numerics: inside the one call the chunks run exactly what the per-chunk head calls ran (``F.linear`` on the head's
+weight and bias, as nn.Linear computes it, under the same checkpointing), so values and gradients are the same bits
+as before, under autocast too (the matmul in the autocast dtype, as nn.Linear's; checkpointing restores the
+forward's autocast state in its recomputation). The weight's per-chunk gradients still reach it one by one, summed
+by autograd in the same order (so under autocast, with more than one chunk, they are summed in bf16 into autocast's
+cached bf16 copy of the weight, as nn.Linear called per chunk did). Tied embeddings: the head's weight is the
+embedding's, and its gradient adds to the embedding's as before. Backward under ZeRO-3: its pre-backward hook on
+the head's output gathers the weight once before any chunk is recomputed; the post-backward hook on the head's
+input releases it after the last.
 
 Padding-free (``train.padding_free``, ``packed_model_token_statistics``): a row chunk's real tokens run as one
 sequence (``harness.train.row_chunks.packed_rows``); the LM head gets only the hidden states that predict completion
@@ -51,11 +75,13 @@ EXTRA_STATISTICS = LOGIT_STATISTICS  # entropy, sum_p2: named once, in the Metho
 UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale")
 
 
-def _position_chunk_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor,
-                               temperature: float, extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+def _position_chunk_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                               targets: torch.Tensor, temperature: float,
+                               extras: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
     """(N, H) hidden, (N,) targets -> logp (N,) [, entropy (N,)] [, sum_p2 (N,)] for one chunk of positions
-    (flattened over rows; the trainer's row chunks are ``harness.train.row_chunks``)."""
-    logits = lm_head(hidden).float() / temperature  # (N, V)
+    (flattened over rows; the trainer's row chunks are ``harness.train.row_chunks``), through the head's weight
+    (V, H) and bias (V,) or None, as nn.Linear computes it."""
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature  # (N, V)
     log_norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
     out = [logp]
@@ -70,24 +96,65 @@ def _position_chunk_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, t
     return tuple(out)
 
 
+def _chunked_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        targets: torch.Tensor, temperature: float, extras: tuple[str, ...],
+                        chunk_size: int) -> tuple[torch.Tensor, ...]:
+    """(N, H) hidden, (N,) targets -> (logp, *extras), each (N,), ``chunk_size`` positions at a time. With grad,
+    each chunk runs under activation checkpointing (non-reentrant: backward recomputes its logits under the
+    forward's autocast state), so no chunk's logits outlive it."""
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start:start + chunk_size], weight, bias, targets[start:start + chunk_size], temperature,
+                extras)
+        use_checkpoint = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        pieces.append(checkpoint(_position_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
+                      else _position_chunk_statistics(*args))
+    return tuple(torch.cat([piece[i] for piece in pieces]) for i in range(1 + len(extras)))
+
+
+@contextmanager
+def _forward_replaced(module: torch.nn.Module, forward):
+    """``module.forward`` is ``forward`` inside the block (an instance attribute, so hooks registered on the module,
+    ZeRO-3's and FSDP's among them, still run around it), the module's own after."""
+    own = module.__dict__.get("forward")  # a forward some wrapper already set on the instance, if any
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+
+def _one_head_call(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, extras: tuple[str, ...],
+                   temperature: float, chunk_size: int) -> torch.Tensor:
+    """(N, H) hidden, (N,) targets -> (N, 1 + len(extras)) statistics from ONE call of ``lm_head`` (an nn.Linear or
+    a module with its ``weight`` and ``bias``), whose forward computes them chunk by chunk from its parameters as
+    gathered for that call."""
+    def statistics_forward(states: torch.Tensor) -> torch.Tensor:
+        outs = _chunked_statistics(states, lm_head.weight, getattr(lm_head, "bias", None), targets, temperature,
+                                   extras, chunk_size)
+        return torch.stack(outs, dim=-1)
+
+    with _forward_replaced(lm_head, statistics_forward):
+        return lm_head(hidden)
+
+
 def token_statistics(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, extras: tuple[str, ...],
                      temperature: float = 1.0, chunk_size: int = 256) -> dict[str, torch.Tensor]:
-    """(B, T, H) hidden states and (B, T) sampled token ids -> {"logp": (B, T), "entropy"?: (B, T), ...}.
+    """(B, T, H) hidden states and (B, T) sampled token ids -> {"logp": (B, T), "entropy"?: (B, T), ...}, from one
+    call of ``lm_head``, ``chunk_size`` positions at a time inside it.
 
     ``extras`` is a subset of EXTRA_STATISTICS; temperature divides the logits as at sampling time.
     """
     extras = _ordered(extras)
     B, T, H = hidden.shape
-    flat_hidden, flat_targets = hidden.reshape(B * T, H), targets.reshape(B * T)
-    pieces = []
-    for start in range(0, B * T, chunk_size):
-        args = (flat_hidden[start:start + chunk_size], lm_head, flat_targets[start:start + chunk_size], temperature,
-                extras)
-        use_checkpoint = torch.is_grad_enabled() and flat_hidden.requires_grad
-        pieces.append(checkpoint(_position_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
-                      else _position_chunk_statistics(*args))
-    names = ("logp", *extras)
-    return {name: torch.cat([p[i] for p in pieces]).reshape(B, T) for i, name in enumerate(names)}
+    stacked = _one_head_call(hidden.reshape(B * T, H), lm_head, targets.reshape(B * T), extras, temperature,
+                             chunk_size)
+    out = {"logp": stacked[:, 0].reshape(B, T)}
+    out.update({name: stacked[:, i].detach().reshape(B, T) for i, name in enumerate(extras, start=1)})
+    return out
 
 
 def _ordered(extras: tuple[str, ...]) -> tuple[str, ...]:
@@ -113,12 +180,11 @@ class StatisticsHead(torch.nn.Module):
         self.shifted = shifted  # False: hidden (1, M, H) holds exactly the M predicting states (the packed forward)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        names = ("logp", *self.extras)
         if self.shifted:
             hidden = hidden[:, :-1, :]
         if self.positions is None:
-            stats = token_statistics(hidden, self.head, self.targets, self.extras, self.temperature, self.chunk_size)
-            return torch.stack([stats[name] for name in names], dim=-1)
+            B, T, H = hidden.shape
+            return self._statistics(hidden.reshape(B * T, H), self.targets.reshape(B * T)).reshape(B, T, -1)
         positions = self.positions
         empty = not bool(positions.any())  # a CPU-GPU sync point, once per row chunk
         if empty:
@@ -126,12 +192,14 @@ class StatisticsHead(torch.nn.Module):
             # gather its weights, and backward must reach the weights (a zero gradient) as DDP expects
             positions = torch.zeros_like(positions)
             positions.view(-1)[0] = True
-        # the N picked positions as one row: (1, N, H) -> (N, n), scattered back into zeros (B, T, n)
-        stats = token_statistics(hidden[positions][None], self.head, self.targets[positions][None], self.extras,
-                                 self.temperature, self.chunk_size)
-        picked = torch.stack([stats[name][0] for name in names], dim=-1)
-        out = picked.new_zeros(*positions.shape, len(names))
+        # the N picked positions: (N, H) -> (N, n), scattered back into zeros (B, T, n)
+        picked = self._statistics(hidden[positions], self.targets[positions])
+        out = picked.new_zeros(*positions.shape, picked.shape[-1])
         return out + 0.0 * picked.sum() if empty else out.index_put((positions,), picked)
+
+    def _statistics(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(N, H), (N,) -> (N, n): one call of the original head, whatever N (module docstring)."""
+        return _one_head_call(hidden, self.head, targets, self.extras, self.temperature, self.chunk_size)
 
 
 def unwrapped(model) -> torch.nn.Module:

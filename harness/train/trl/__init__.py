@@ -55,6 +55,9 @@ TOUCH_POINTS = (
     TouchPoint(f"{GRPO}._save_checkpoint", "override", ("self", "model", "trial"), _TRAINER,
                "a barrier after the save, then the main process marks the folder complete (the budget ledger) and "
                "rotates (StepAccounting.mark_complete, budget.rotate_checkpoints)"),
+    TouchPoint("deepspeed.comm.torch:TorchBackend.__init__", "source", ("self.shm_comm_op = build_shm_op()",),
+               "patches.skip_cpu_inference_allreduce_build", "DeepSpeed's backend builds its CPU inference all-reduce "
+               "through the module's build_shm_op, which the CPU rehearsals replace"),
     TouchPoint("transformers.trainer_utils:rotate_checkpoints", "source", ("No deletion if `None`",),
                "settings.grpo_config", "save_total_limit=None turns transformers' rotation off (the harness rotates "
                "only complete checkpoints)"),
@@ -87,8 +90,8 @@ TOUCH_POINTS = (
                "TRL's _find_free_port tries 29500 first: a one-process colocated job gets a free MASTER_PORT"),
     TouchPoint("trl.generation.vllm_generation:VLLMGeneration._init_vllm", "source",
                ("self.llm = LLM(", "seed=accelerator.process_index // self.tensor_parallel_size"),
-               "vllm.colocated_engine_settings", "the module's LLM is swapped to add the policy's dtype and the run seed "
-               "to TRL's per-engine seed",
+               "vllm.colocated_engine_settings", "the module's LLM is swapped to add the policy's dtype and the run "
+               "seed to TRL's per-engine seed",
                absent=("dtype=",)),
     TouchPoint(f"{GRPO}._generate_single_turn", "source", ("self.vllm_generation.sync_weights()",),
                "vllm.reload_into_cpu_engine", "train.vllm_device=cpu replaces sync_weights, called before generating"),

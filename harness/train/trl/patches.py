@@ -55,13 +55,16 @@ def one_step_per_generation(trainer):
 
 
 def skippable_step(optimizer, actor) -> None:
-    """The optimizer's ``step`` does nothing once when ``actor.skip_optimizer_step`` is set (a non-finite loss):
-    Adam's moments would still move the weights on zero gradients."""
+    """The optimizer's ``step`` does nothing while ``actor.skip_optimizer_step`` is set: Adam's moments would still
+    move the weights on zero gradients. The actor sets the flag alike on every process, for each update (a loss that
+    was non-finite on any process), and only the next update's loss clears it: under DeepSpeed ZeRO-3 this is the
+    inner optimizer, whose ``step`` the engine calls once per parameter sub-group, inside ``accelerator.backward``,
+    and every one of those calls is skipped. The gradients of a skipped step (possibly NaN) are dropped by the
+    zero_grad that follows every step (the Trainer's; ZeRO-3's own after its step)."""
     step = optimizer.step
 
     def step_unless_skipped(*args, **kwargs):
         if actor.skip_optimizer_step:
-            actor.skip_optimizer_step = False
             return None
         return step(*args, **kwargs)
 
@@ -109,3 +112,29 @@ class AcceleratorProcesses:
                 yield
         finally:
             gradient_state._set_sync_gradients(sync)
+
+
+def deepspeed_engine_facts(engine) -> dict:
+    """What a DeepSpeed engine trains with, read from it: the ZeRO stage, the dtypes of the module, of gradient
+    accumulation and of gradient reduction (bf16 for both unless configured: configs/accelerate/deepspeed_zero3.json
+    asks float32), and how many parameters are partitioned over the processes (a ZeRO-3 parameter's local partition
+    ``ds_tensor`` is smaller than the whole ``ds_numel``)."""
+    model_dtype, grad_accum_dtype = engine.get_data_types()
+    parameters = list(engine.module.parameters())
+    partitioned = sum(1 for p in parameters
+                      if getattr(p, "ds_tensor", None) is not None and p.ds_tensor.numel() < p.ds_numel)
+    return {"zero_stage": engine.zero_optimization_stage(), "module_dtype": str(model_dtype),
+            "grad_accum_dtype": str(grad_accum_dtype), "communication_dtype": str(engine.communication_data_type),
+            "partitioned_parameters": partitioned, "parameters": len(parameters)}
+
+
+def skip_cpu_inference_allreduce_build() -> None:
+    """DeepSpeed's torch backend JIT-compiles a shared-memory all-reduce when it initialises on a CPU machine
+    (``build_shm_op``; used only by ``inference_all_reduce``, never by ZeRO training): about 2 minutes of every
+    process's CPU, again whenever its build cache was made with other compiler flags. The CPU rehearsals of the
+    ZeRO-3 presets skip it; on GPUs it is never called (``TargetedGRPOTrainer`` calls this only without CUDA)."""
+    import sys
+
+    import deepspeed.comm.torch  # noqa: F401  (the name resolves to torch in deepspeed.comm: read sys.modules)
+
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None

@@ -33,7 +33,7 @@ from harness.config.rules import dynamic_sampling_problems
 from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
-from harness.train.actor import Actor, update_schedule
+from harness.train.actor import Actor, every_process, update_schedule
 from harness.train.budget import (
     OFF_BUDGET,
     BudgetLedger,
@@ -48,8 +48,10 @@ from harness.train.rollout_inputs import GROUP_IDS, reduced_inputs
 from harness.train.trl.patches import (
     AcceleratorProcesses,
     class_forward_while_generating,
+    deepspeed_engine_facts,
     frozen_copy,
     one_step_per_generation,
+    skip_cpu_inference_allreduce_build,
     skippable_step,
 )
 from harness.train.trl.vllm import colocated_engine_settings, ephemeral_port, reload_into_cpu_engine
@@ -77,6 +79,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
             os.environ["MASTER_PORT"] = str(ephemeral_port())
         with colocated_engine_settings(preset, run_seed) if colocated else nullcontext():
             super().__init__(*args, **kwargs)
+        if self.is_deepspeed_enabled and not torch.cuda.is_available():
+            skip_cpu_inference_allreduce_build()
         if cpu_engine:
             generation = self.vllm_generation
             generation.sync_weights = lambda: reload_into_cpu_engine(generation)
@@ -148,9 +152,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
             return inputs
         batch = self._generate_and_score_completions(generation_batch)
         groups = train.prompts_per_step // self.accelerator.num_processes
-        try:
-            self._updates = update_schedule(batch, batch[GROUP_IDS] - self.accelerator.process_index * groups,
-                                            groups, train.mini_batches, train.ppo_epochs)
+        index = self.accelerator.process_index
+        try:  # the same decision (and error) on every process
+            self._updates = update_schedule(batch, batch[GROUP_IDS] - index * groups, groups, train.mini_batches,
+                                            train.ppo_epochs, self.processes, index)
         except ValueError as error:
             raise RuntimeError(f"method {self.method.name!r}, step {self.state.global_step}: {error}") from error
         return next(self._updates)
@@ -217,11 +222,23 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if self.sample_batch_path is not None and self.state.global_step == 0:
             self._write_sample_batch(out, batch)
         prepared = prepare_batch(self.method, batch, self.step_context())
-        if len(prepared.rows) == 0 or prepared.length == 0:
-            raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
-                               f"{self.state.global_step}; a method must keep at least one token")
+        self._require_kept_tokens(len(prepared.rows) == 0 or prepared.length == 0)
         self._log_train("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
         return self.actor.before_updates(self.model, reduced_inputs(out, prepared, device), self.step_context())
+
+    def _require_kept_tokens(self, kept_nothing: bool) -> None:
+        """Raises on every process, with the same message, when the method kept no rollout or no token on any
+        process (``kept_nothing``: this one's), decided in one all-reduce: a process raising alone would leave the
+        others waiting in their next collective. A process with nothing does not take part with a zero-weight row
+        instead: that row's forward would count in the budget and its tokens in the method's denominators (token
+        means over the step's tokens of every process), changing the other processes' losses."""
+        index = self.accelerator.process_index
+        flags = every_process(self.processes, torch.tensor([float(kept_nothing)]), index)[:, 0]
+        empty = torch.nonzero(flags).flatten().tolist()
+        if empty:
+            where = "" if self.accelerator.num_processes == 1 else f" on processes {empty}"
+            raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
+                               f"{self.state.global_step}{where}; a method must keep at least one token")
 
     def _dynamically_sampled(self) -> tuple[dict, torch.Tensor]:
         """DAPO's dynamic sampling (``harness.train.dynamic_sampling``): rounds of ``prompts_per_round`` prompts of
@@ -319,7 +336,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
 
     def precision_in_use(self) -> dict:
         """What the run trained with, read from the live objects (run.json ``precision``): the autocast mode, the
-        dtypes of the trainable weights and of the optimizer state (DeepSpeed: its float32 partitions)."""
+        dtypes of the trainable weights and of the optimizer state (DeepSpeed: its float32 partitions), and under
+        DeepSpeed what its engine does (``deepspeed_engine_facts``)."""
         trainable = {str(p.dtype) for p in self.model.parameters() if p.requires_grad}
         states: set[str] = set()
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper
@@ -328,9 +346,13 @@ class TargetedGRPOTrainer(GRPOTrainer):
                        and v.dim() > 0}
         for group in getattr(optimizer, "fp32_partitioned_groups_flat", None) or []:  # DeepSpeed ZeRO-3
             states.add(f"{group.dtype} (deepspeed master partition)")
-        return {"mixed_precision": self.accelerator.mixed_precision, "compute_dtype": self.preset.model.dtype,
-                "trainable_dtypes": sorted(trainable), "optimizer_state_dtypes": sorted(states),
-                "distributed": self.accelerator.distributed_type.value}
+        record = {"mixed_precision": self.accelerator.mixed_precision, "compute_dtype": self.preset.model.dtype,
+                  "trainable_dtypes": sorted(trainable), "optimizer_state_dtypes": sorted(states),
+                  "distributed": self.accelerator.distributed_type.value}
+        if self.is_deepspeed_enabled:  # no engine when a resumed run found nothing left to train
+            engine = self.model_wrapped
+            record["deepspeed"] = deepspeed_engine_facts(engine) if hasattr(engine, "get_data_types") else None
+        return record
 
     def _log_train(self, name: str, value: float) -> None:
         self._metrics["train"][name].append(value)
