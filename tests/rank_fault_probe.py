@@ -107,6 +107,9 @@ def main(model_dir: Path, out: Path, scenario: str) -> None:
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, record)  # both processes are still in step after what they raised
     (out / f"process-{dist.get_rank()}.json").write_text(json.dumps(record))
+    # a process group left to the interpreter's exit after a raised step may abort there (a non-zero exit code)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

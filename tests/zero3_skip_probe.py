@@ -114,6 +114,9 @@ def main(model_dir: Path, out: Path) -> None:
     record = {"moved": moved, "sub_groups": len(partitions), "nonfinite_steps": actor.nonfinite_steps,
               "error": error}
     (out / f"process-{rank}.json").write_text(json.dumps(record))
+    # a process group left to the interpreter's exit after a raised step may abort there (a non-zero exit code)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
