@@ -91,8 +91,15 @@ def test_accelerate_launcher_uses_the_backend_config_and_one_process_per_gpu(dis
     preset = _preset("paper-ktae", f"train.distributed={distributed}")
     command = train_command(preset, ARGS, "/w")
     config = REPO_ROOT / "configs" / "accelerate" / f"{distributed}.yaml"
-    assert command.startswith(f"accelerate launch --config_file {config} --num_processes 4 --num_machines 1 "
+    # DeepSpeed's own settings (ZeRO-3, float32 gradient accumulation and reduction) come from the JSON beside it
+    json_config = config.with_suffix(".json")
+    deepspeed = f"--deepspeed_config_file {json_config} " if distributed == "deepspeed_zero3" else ""
+    assert command.startswith(f"accelerate launch --config_file {config} {deepspeed}--num_processes 4 --num_machines 1 "
                               "--main_process_port 0 --mixed_precision bf16 -m harness.cli " + ARGS)
+    if deepspeed:
+        settings = json.loads(json_config.read_text())
+        assert settings["zero_optimization"]["stage"] == 3
+        assert settings["communication_data_type"] == settings["data_types"]["grad_accum_dtype"] == "fp32"
     assert command.endswith("> {log} 2>&1")
     expected = {"ddp": "MULTI_GPU", "deepspeed_zero3": "DEEPSPEED"}[distributed]
     assert yaml.safe_load(config.read_text())["distributed_type"] == expected
@@ -136,6 +143,7 @@ def test_grpo_config_maps_the_vllm_settings_and_splits_the_batch_over_processes(
     ("default", ["resources.train.gpus=2"], "set train.launcher=accelerate"),
     ("default", ["train.distributed=deepspeed_zero3"], "needs train.launcher=accelerate"),
     ("paper-ktae", ["train.distributed=fsdp"], "train.distributed=fsdp has never run"),
+    ("paper-nat", ["train.beta=0.01"], "not supported with train.distributed=deepspeed_zero3"),
     ("default", ["train.launcher=accelerate"], "needs resources.train.gpus >= 1"),
     ("default", ["train.use_vllm=true"], "train.use_vllm=true needs resources.train.gpus >= 1"),
     ("paper-ktae", ["train.vllm_tensor_parallel_size=3"], "must divide the 4 training processes"),

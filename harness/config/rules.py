@@ -163,6 +163,14 @@ FSDP_NEVER_RUN = (
     "checkpoints gather the optimizer on rank 0): use deepspeed_zero3 (rehearsed on CPU) or ddp")
 
 
+# the reference policy is a frozen copy made before accelerate prepares the model: DDP has moved the policy to its
+# device by then, DeepSpeed has not (it would stay whole on the CPU, next to the sharded policy; issue 33 item 9)
+ZERO3_REFERENCE = (
+    "a reference model (train.beta > 0, or a method reading ref_logp) is not supported with "
+    "train.distributed=deepspeed_zero3: it is not prepared with the engine (it would stay whole on the CPU); use "
+    "beta 0 or ddp")
+
+
 def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[int], origin: str) -> None:
     """Checks across keys and sections: the launch settings against the GPUs the jobs get, the mini-batches against
     the prompt groups of each process, eval-only labels, and the GPU jobs' peak memory per device against
@@ -177,6 +185,8 @@ def check_launch(preset: PresetConfig, released: list[MethodSpec], seeds: list[i
         problems.append(f"train.distributed={train.distributed} needs train.launcher=accelerate")
     if train.distributed == "fsdp":
         problems.append(FSDP_NEVER_RUN)
+    if train.distributed == "deepspeed_zero3" and train.beta > 0:
+        problems.append(ZERO3_REFERENCE)
     if train.launcher == "accelerate" and processes < 1:
         problems.append(f"train.launcher=accelerate needs resources.train.gpus >= {server + 1} (one per training "
                         f"process{', plus the vLLM server GPUs' if server else ''}), got {res.train.gpus}")

@@ -105,7 +105,7 @@ def _run_problems(preset: PresetConfig, record: dict) -> list[str]:
     problems = []
     precision = record.get("precision", {})
     if preset.train.distributed == "deepspeed_zero3":
-        problems += _zero3_problems(precision)
+        problems += _zero3_problems(precision, record["budget"]["processes"])
     elif precision.get("trainable_dtypes") != ["torch.float32"]:
         problems.append(f"trainable weights are {precision.get('trainable_dtypes')}, not float32")
     states = precision.get("optimizer_state_dtypes") or []
@@ -135,16 +135,17 @@ def _run_problems(preset: PresetConfig, record: dict) -> list[str]:
     return problems
 
 
-def _zero3_problems(precision: dict) -> list[str]:
+def _zero3_problems(precision: dict, processes: int) -> list[str]:
     """What a ZeRO-3 run must have trained with (run.json ``precision``, read from the live engine): DeepSpeed at
-    stage 3 with parameters partitioned over the processes, float32 master partitions, and gradients accumulated and
-    reduced in float32 (DeepSpeed's default under bf16 is bf16 for both)."""
+    stage 3 with parameters partitioned over the ``processes`` (one process, ``--mode cuda`` on one GPU, keeps them
+    whole), float32 master partitions, and gradients accumulated and reduced in float32 (DeepSpeed's default under
+    bf16 is bf16 for both)."""
     engine = precision.get("deepspeed") or {}
     problems = []
     if precision.get("distributed") != "DEEPSPEED" or engine.get("zero_stage") != 3:
         problems.append(f"trained under {precision.get('distributed')} at ZeRO stage {engine.get('zero_stage')}, "
                         "not DeepSpeed ZeRO-3")
-    if not engine.get("partitioned_parameters"):
+    if processes > 1 and not engine.get("partitioned_parameters"):
         problems.append("no parameter was partitioned over the processes")
     if not any(s.endswith("(deepspeed master partition)") for s in precision.get("optimizer_state_dtypes") or []):
         problems.append("no DeepSpeed float32 master partition")

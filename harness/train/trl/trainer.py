@@ -29,7 +29,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from harness.config.launch import require_vllm_cpu_build
-from harness.config.rules import dynamic_sampling_problems
+from harness.config.rules import ZERO3_REFERENCE, dynamic_sampling_problems
 from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
@@ -105,6 +105,8 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self.exchange_groups = GroupExchange()
         reference = None
         if preset.train.beta > 0 or "ref_logp" in method.needs:
+            if self.is_deepspeed_enabled:
+                raise ConfigError(f"method {method.name!r}: {ZERO3_REFERENCE}")
             reference = frozen_copy(self.accelerator.unwrap_model(self.model), TORCH_DTYPES[preset.model.dtype])
         self.processes = AcceleratorProcesses(self.accelerator)
         self.actor = Actor(method, preset.train, self.accounting, self.processes, self._log_train,
