@@ -170,8 +170,12 @@ def test_a_local_model_directory_and_the_fidelity_file_are_inputs(tmp_path):
     configs/fidelity/<name>.yaml reruns the report (it is read by it, like configs/reported/<name>.yaml)."""
     model_dir = tmp_path / "my model"
     (model_dir / ".cache").mkdir(parents=True)
-    for name in ("config.json", "model.safetensors", "tokenizer.json", ".cache/lock"):
+    for name in ("model.safetensors", "tokenizer.json", ".cache/lock"):
         (model_dir / name).write_text("{}")
+    # the memory plan sizes a local model from its config.json's dimensions (Qwen2.5-0.5B's)
+    (model_dir / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}))
     workdir = tmp_path / "checkout"
     shutil.copytree(REPO_ROOT, workdir, ignore=shutil.ignore_patterns(".git", ".venv", "results", "*.egg-info"))
     (workdir / "configs" / "fidelity" / "ci.yaml").write_text("{}\n")

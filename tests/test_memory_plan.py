@@ -3,6 +3,8 @@ the sweep's start and ``harness plan`` refusing a preset that does not fit, and 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.cli import main
@@ -21,6 +23,10 @@ from harness.config.paths import CONFIG_DIR
 from harness.config.schema import ConfigError
 
 SWEEPS = CONFIG_DIR / "sweeps"
+# Qwen/Qwen2.5-0.5B's config.json (the dimensions a local directory's file gives; no hub access here)
+QWEN2_0_5B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+              "max_position_embeddings": 32768}
 PAPER_SWEEPS = ("paper-8020", "paper-d3s", "paper-gmts", "paper-ktae", "paper-ktae-grpo", "paper-nat", "paper-rsi")
 
 
@@ -118,3 +124,15 @@ def test_harness_plan_prints_the_peak_and_fails_on_a_preset_that_does_not_fit(ca
 
 def test_cpu_presets_have_no_gpu_rule_to_size():
     assert gpu_memory(resolve(SWEEPS / "default.yaml").preset) == []
+
+
+def test_a_local_model_directory_is_sized_from_its_config_json_and_a_missing_key_is_named(tmp_path):
+    model = resolve(SWEEPS / "paper-nat.yaml").preset.model
+    model.name_or_path = str(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_0_5B))
+    arch = architecture(model)
+    assert (arch.hidden_size, arch.head_dim, arch.num_key_value_heads, arch.attention_bias) == (896, 64, 2, True)
+    assert arch.tie_word_embeddings
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in QWEN2_0_5B.items() if k != "vocab_size"}))
+    with pytest.raises(ConfigError, match=r"config\.json: .*has no vocab_size"):
+        architecture(model)

@@ -42,11 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config.launch import per_device_rollouts, training_processes, vllm_server_gpus
+from harness.config.schema import ConfigError
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ZERO3_MAX_LIVE_PARAMETERS = 10**9  # DeepSpeed's stage3_max_live_parameters default (accelerate keeps it)
 VLLM_OVERHEAD_GIB = 2.0  # assumed: vLLM's profile-run activations, sampler and CUDA graphs inside its share
+CONFIG_JSON_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 CUDA_CONTEXT_GIB = 1.0  # assumed: CUDA context, cuBLAS workspaces and NCCL buffers per process, outside torch
 
 
@@ -128,6 +130,10 @@ def architecture(model) -> Architecture | None:
     if not config_file.is_file():
         return None
     c = json.loads(config_file.read_text(encoding="utf-8"))
+    missing = [key for key in CONFIG_JSON_KEYS if key not in c]
+    if missing:
+        raise ConfigError(f"{config_file}: model.name_or_path's config.json has no {', '.join(missing)} (the memory "
+                          f"plan sizes the model from {', '.join(CONFIG_JSON_KEYS)})")
     heads = c["num_attention_heads"]
     return Architecture(c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], heads,
                         c.get("num_key_value_heads") or heads, c.get("head_dim") or c["hidden_size"] // heads,
