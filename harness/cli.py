@@ -168,8 +168,8 @@ def cmd_eval(args) -> None:
     import_eval_stack(resolved.preset.eval.backend)
     mark_startup("eval")
     # One process for every checkpoint of a run and every benchmark: the imports happen once, a checkpoint's model
-    # and tokenizer are loaded once for its benchmarks; each (checkpoint, benchmark) is its own lm-eval run, seeded
-    # the same way as in a process of its own.
+    # (vLLM: its engine) and tokenizer are loaded once for its benchmarks and released before the next checkpoint's;
+    # each (checkpoint, benchmark) is its own lm-eval run, seeded the same way as in a process of its own.
     for ckpt, model_dir in model_dirs.items():
         loaded = load_checkpoint(model_dir, resolved.preset.eval)
         for name in names:
@@ -183,6 +183,7 @@ def cmd_eval(args) -> None:
                                          resolved.preset.prompt_template, out_dir, loaded=loaded)
             shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
             print(f"{name} on {model_dir}: {shown}", flush=True)
+        loaded.release()
 
 
 def cmd_report(args) -> None:

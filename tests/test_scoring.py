@@ -181,16 +181,16 @@ def test_timeout_marks_the_item_and_the_batch_goes_on():
 def test_repeated_items_are_served_from_the_cache(monkeypatch):
     score_batch(["\\boxed{11}"], ["11"], "math_verify", TIMEOUT_S)
 
-    def no_worker():
+    def no_worker(size):
         raise AssertionError("a cached item must not reach the worker")
 
-    monkeypatch.setattr(scoring, "_get_worker", no_worker)
+    monkeypatch.setattr(scoring, "_pool", no_worker)
     assert score_batch(["\\boxed{11}"], ["11"], "math_verify", TIMEOUT_S)[0].correct
 
 
 def test_worker_that_dies_is_replaced():
     score_math_verify("\\boxed{1}", "1", TIMEOUT_S)
-    scoring._WORKERS[scoring.os.getpid()].proc.kill()
+    scoring._WORKERS[scoring.os.getpid()][0].proc.kill()
     assert score_math_verify("\\boxed{12}", "12", TIMEOUT_S).correct
 
 
@@ -224,3 +224,38 @@ def test_forked_child_gets_its_own_worker():
         child = pool.apply(score_math_verify, ("\\boxed{4}", "4", TIMEOUT_S))
     assert child.correct
     assert score_math_verify("\\boxed{5}", "5", TIMEOUT_S).correct  # the parent's worker is untouched
+
+
+def test_a_pool_of_workers_gives_the_serial_scores_and_times_out_only_the_slow_item():
+    completions = [c for c, _, _ in MATH_VERIFY_TABLE] + [HOSTILE["megabyte_of_digits"]]
+    golds = [g for _, g, _ in MATH_VERIFY_TABLE] + ["5"]
+    scoring._CACHE.clear()
+    serial = score_batch(completions[:-1], golds[:-1], "math_verify", TIMEOUT_S)
+    scoring._CACHE.clear()
+    score_batch(["\\boxed{7}"] * 3, ["7", "8", "9"], "math_verify", TIMEOUT_S, workers=3)  # the pool starts
+    scoring._CACHE.clear()
+    pooled = score_batch(completions, golds, "math_verify", TIMEOUT_S, workers=3)
+    assert pooled[:-1] == serial
+    assert len(scoring._WORKERS[scoring.os.getpid()]) == 3
+    scoring._CACHE.clear()
+    scores = score_batch(["\\boxed{1}", HOSTILE["megabyte_of_digits"], "\\boxed{2}", "\\boxed{3}"],
+                         ["1", "5", "2", "3"], "math_verify", 0.1, workers=2)
+    assert [(s.correct, s.timed_out) for s in scores] == [(True, False), (False, True), (True, False), (True, False)]
+
+
+def test_a_pool_worker_that_dies_mid_batch_is_replaced_and_its_item_retried():
+    score_batch(["\\boxed{7}"] * 2, ["7", "8"], "math_verify", TIMEOUT_S, workers=2)
+    for worker in scoring._WORKERS[scoring.os.getpid()][:2]:
+        worker.wait_ready()  # started and ready: killed now, each dies under an item (or is seen dead at once)
+        worker.proc.kill()
+    scores = score_batch([f"\\boxed{{{n}}}" for n in range(20, 26)], [str(n) for n in range(20, 26)],
+                         "math_verify", TIMEOUT_S, workers=2)
+    assert all(s.correct and not s.timed_out for s in scores)
+
+
+def test_a_completion_repeated_in_a_batch_is_scored_once(monkeypatch):
+    seen = []
+    original = scoring._score_on_pool
+    monkeypatch.setattr(scoring, "_score_on_pool", lambda items, *a: seen.extend(items) or original(items, *a))
+    scores = score_batch(["\\boxed{31}", "\\boxed{31}", "\\boxed{32}"], ["31", "31", "31"], "math_verify", TIMEOUT_S)
+    assert [s.correct for s in scores] == [True, True, False] and len(seen) == 2

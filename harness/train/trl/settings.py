@@ -14,14 +14,26 @@ from harness.config.launch import per_device_rollouts
 from harness.config.schema import PresetConfig
 from harness.data.scoring import score_batch
 
+MAX_SCORING_WORKERS = 8
 
-def reward_function(scorer: str, timeout_s: float, correct: float = 1.0, wrong: float = 0.0):
+
+def reward_scoring_workers(train, env=None) -> int:
+    """``train.reward_scoring_workers``, or for 0 the CPUs this process may use over the training processes on its
+    node (``LOCAL_WORLD_SIZE``), between 1 and ``MAX_SCORING_WORKERS``."""
+    if train.reward_scoring_workers:
+        return train.reward_scoring_workers
+    local_processes = int((os.environ if env is None else env).get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(MAX_SCORING_WORKERS, len(os.sched_getaffinity(0)) // local_processes))
+
+
+def reward_function(scorer: str, timeout_s: float, correct: float = 1.0, wrong: float = 0.0, workers: int = 1):
     """A TRL reward function: ``correct`` when the completion's final answer equals the row's ``answer``, else
-    ``wrong`` (``train.reward_values``: 1/0, or verl's math_dapo scale +1/-1)."""
+    ``wrong`` (``train.reward_values``: 1/0, or verl's math_dapo scale +1/-1); math_verify items are scored on
+    ``workers`` worker processes at once."""
 
     def correctness(prompts, completions, answer, **kwargs) -> list[float]:
         return [correct if s.correct else wrong
-                for s in score_batch(list(completions), list(answer), scorer, timeout_s)]
+                for s in score_batch(list(completions), list(answer), scorer, timeout_s, workers)]
 
     correctness.__name__ = f"correct_{scorer}"
     return correctness
