@@ -147,3 +147,19 @@ def test_tiny_run_trains_on_correctness_plus_overlong(tiny_sweep, monkeypatch):
         assert line["rewards/correct_numeric/mean"] == pytest.approx(float(correct.mean()), abs=1e-6)
         assert line["reward"] == pytest.approx(float(total.mean()), abs=1e-6)
     assert differs, "the overlong term changed no advantage in two steps: the test shows nothing"
+
+
+def test_the_reward_scoring_pool_size_and_its_use(monkeypatch):
+    from harness.train.trl import settings
+
+    train = resolve(DEFAULT, ["train.reward=math_verify"]).preset.train
+    monkeypatch.setattr(settings.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert settings.reward_scoring_workers(train, {"LOCAL_WORLD_SIZE": "4"}) == 4  # 16 CPUs over 4 processes
+    assert settings.reward_scoring_workers(train, {}) == settings.MAX_SCORING_WORKERS
+    assert settings.reward_scoring_workers(train, {"LOCAL_WORLD_SIZE": "32"}) == 1
+    train.reward_scoring_workers = 3
+    assert settings.reward_scoring_workers(train, {"LOCAL_WORLD_SIZE": "4"}) == 3
+    calls = []
+    monkeypatch.setattr(settings, "score_batch", lambda *args: calls.append(args) or [])
+    settings.reward_function("math_verify", 5.0, workers=3)([], [], [])
+    assert calls == [([], [], "math_verify", 5.0, 3)]
