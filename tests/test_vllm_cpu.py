@@ -295,6 +295,8 @@ def test_harness_train_with_vllm_rollouts_on_cpu(warm_start):
     ledger = record["budget"]["ledger"]
     assert ledger["samples"] == GENERATION_BATCHES * rollouts and ledger["generated_tokens"] == sum(generated)
     assert ledger["flops"]["generation"] > 0 and ledger["seconds"]["generation"] > 0
+    kv = record["vllm_kv_cache"]  # vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE GiB of float32 K and V per layer
+    assert kv["tokens"] == kv["blocks"] * kv["block_size"] and kv["tokens"] >= 160  # one max-length sequence
 
 
 def sync_probe(sweep_file: str, out_file: str) -> None:

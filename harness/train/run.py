@@ -206,6 +206,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     record["precision"] = trainer.precision_in_use()
     record["collective_timeout_s"] = live_collective_timeout_s()
     from harness.train.trl.settings import reward_scoring_workers
+    from harness.train.trl.vllm import colocated_kv_cache
+
+    record["vllm_kv_cache"] = colocated_kv_cache(trainer)
 
     record["reward_scoring_workers"] = (reward_scoring_workers(resolved.preset.train)
                                         if resolved.preset.train.reward == "math_verify" else None)

@@ -72,3 +72,15 @@ def reload_into_cpu_engine(generation) -> None:
     generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": generation._iter_named_params(),
                                                              "is_checkpoint_format": True})
     generation.llm.reset_prefix_cache()
+
+
+def colocated_kv_cache(trainer) -> dict | None:
+    """The colocated engine's KV cache as vLLM sized it at its start (this process's engine; TRL's colocated engine
+    runs in the training process, ``external_launcher``): blocks, tokens per block, tokens, and the device share it
+    was given. None without a colocated engine (no vLLM, or server mode: the server logs its own)."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if llm is None:
+        return None
+    cache = llm.llm_engine.vllm_config.cache_config
+    return {"blocks": cache.num_gpu_blocks, "block_size": cache.block_size,
+            "tokens": cache.num_gpu_blocks * cache.block_size, "gpu_memory_utilization": cache.gpu_memory_utilization}
