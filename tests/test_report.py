@@ -3,6 +3,7 @@ tied and the real improvement is not, reported numbers sit beside ours, and repo
 
 import ast
 import csv
+import html as html_module
 import json
 import re
 import statistics
@@ -188,7 +189,20 @@ def test_claims_are_judged_in_both_pages(sweep):
     contradicted = rows["uniform-aa beats uniform on mean over benchmarks by +20.00 pts (avg@k)"]
     assert contradicted[4:6] == ["contradicted"] * 2 and "excludes the paper's +20.00" in contradicted[6]
     parity = rows["uniform-aa matches uniform on mean over benchmarks (avg@k; paper +0.00 pts, margin ±12)"]
-    assert parity[4:6] == ["reproduced"] * 2 and "equivalent" in parity[6] and "establishes is ±" in parity[6]
+    assert parity[5] == "reproduced" and "equivalent" in parity[6] and "establishes is ±" in parity[6]
+    # equivalent within ±12, but the baseline moved less than 12 points from the warm start: not a verdict
+    assert parity[4] == "under-trained (uniform +11.7 pts over the warm start, threshold +12.0)"
+    assert parity[-1] == "+11.7 pts (threshold +12.0) |" and contradicted[-1] == "+11.7 pts (threshold +1.0) |"
+    # the paper's uniform (40.5, 50.0: mean 45.2) beside ours, inside our interval; the paper gives no gmts baseline
+    assert parity[-2] == "paper: 45.2; ours: 42.8 [35.8, 49.8]"
+    greedy = rows["gmts beats uniform on mean over benchmarks by +1.00 pts (greedy)"]
+    assert greedy[-2].startswith("paper: its numbers are avg@16; ours: ")  # no sampled number against greedy
+    bottom = md.split("## Bottom line")[1].split("\n## ")[0]
+    assert md.index("## Bottom line") < md.index("## Full budget") < md.index("## How to read these numbers")
+    assert "- uniform-aa vs uniform, mean over benchmarks (claim parity within ±12): under-trained (uniform +11.7" \
+        in bottom
+    assert "- gmts vs uniform, mean over benchmarks (claim +1.0 pts): not evaluated" in bottom
+    assert "lies outside ours" not in bottom and len(bottom.strip().splitlines()) <= 8 + 2
     assert rows["gmts beats uniform on mean over benchmarks by +1.00 pts (greedy)"][4] == "not evaluated"
     assert "The verdict is Holm's, the family-wise error over the 4 evaluated claim(s)" in claims
     assert "### Detectable effects (paired, 80% power)" in claims and "| entropy | uniform | mean | 3 x 70 |" in claims
@@ -287,7 +301,7 @@ def test_floor_mark_sits_exactly_on_the_intervals_at_the_floor(tmp_path):
     page = html_report.render(evidence, resolved, summary, reported, {}, None, {}, 200)
     beside_paper = [with_ci(select(summary, ckpt=final, method=label, bench=bench, metric=avg)[0])
                     for label, per_bench in reported.numbers.items() for bench in per_bench if label != "gmts"]
-    assert page.count(html_report.esc(FLOOR_LEGEND)) == 1
+    assert html_module.unescape(page).count(FLOOR_LEGEND) == 1
     assert page.count(FLOOR_MARK) == marked + 1 + sum(FLOOR_MARK in cell for cell in beside_paper)
 
 
@@ -568,3 +582,16 @@ def test_figures_one_per_compute_axis_and_no_stale_ones(sweep, tmp_path):
     assert not any(name.endswith(("generation", "reference", "old_logp", "train")) for name in written
                    if name.startswith("accuracy_vs_") and name != "accuracy_vs_generated")
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in written.values())
+
+
+def test_a_papers_baseline_outside_our_interval_flags_a_protocol_mismatch():
+    from harness.report.summary import BaselineLevel
+    from harness.report.tables import baseline_cell
+
+    ours = {"estimate": 0.77, "ci_low": 0.75, "ci_high": 0.79, "ci_at_floor": False}
+    far = BaselineLevel(48.5, ours)  # paper-d3s's GRPO baseline on MATH against a protocol near 77
+    assert far.mismatch and baseline_cell(far) == ("paper: 48.5; ours: 77.0 [75.0, 79.0]: outside our interval, "
+                                                   "protocol mismatch?")
+    assert not BaselineLevel(76.0, ours).mismatch
+    assert baseline_cell(BaselineLevel(None, ours, ("aime24",))) == "paper: none for aime24; ours: 77.0 [75.0, 79.0]"
+    assert baseline_cell(BaselineLevel(None, None)) == "paper: no paper; ours: not evaluated"

@@ -48,6 +48,7 @@ def test_claims_parse_with_defaults():
     ([{**GOOD, "kind": "parity", "difference": 1.5}], r"key 'claims\[0\].margin': a parity claim needs"),
     ([{**GOOD, "baseline": "ktae"}], r"key 'claims\[0\].baseline': the same label as its method"),
     ([{**GOOD, "method": ""}], r"key 'claims\[0\].method': '' is not a non-empty string"),
+    ([{**GOOD, "min_baseline_gain": -0.5}], r"key 'claims\[0\].min_baseline_gain': the baseline's gain over the "),
 ])
 def test_claims_validation_names_the_file_and_key(claims, message):
     with pytest.raises(ConfigError, match=message) as error:
@@ -310,3 +311,50 @@ def test_one_seed_or_an_interval_without_width_is_not_judged():
     judged = verdicts.with_holm([one_seed, floor, verdicts.judge(claim, {"a": rng.normal(0.1, 0.1, (3, 30))})])
     assert [v.holm for v in judged] == ["not judged", "not judged", judged[2].verdict]
     assert judged[2].holm_p_reproduce == judged[2].p_reproduce  # a family of one: Holm changes nothing
+
+
+# --- no verdict from under-training -------------------------------------------------------------------------------
+
+
+def scores_for(baseline_rows: np.ndarray, method_rows: np.ndarray, warm: np.ndarray) -> tuple[dict, dict]:
+    """(scores, reference) for one benchmark 'b' at ckpt-100: method 'm', baseline 'uniform', the warm start."""
+    scores = {("uniform", "ckpt-100", "b", "avg@4"): baseline_rows, ("m", "ckpt-100", "b", "avg@4"): method_rows}
+    return scores, {("b", "avg@4"): warm}
+
+
+def test_the_baselines_gain_over_the_warm_start_by_hand():
+    scores, reference = scores_for(np.array([[0.5, 0.7], [0.6, 0.6]]), np.zeros((2, 2)), np.array([[0.5, 0.5]]))
+    claim = verdicts.Claim("m", "uniform", "b", "avg@k", 0.0, "parity", "x", 2.0)
+    # baseline mean 0.6, warm start 0.5: +10 points
+    assert verdicts.baseline_gain(claim, scores, ["b"], "ckpt-100", "avg@4", reference) == pytest.approx(10.0)
+    assert verdicts.baseline_gain(claim, scores, ["b"], "ckpt-100", "avg@4", {}) is None  # no warm-start row
+    assert claim.learned_threshold == 2.0  # the margin, unless the claim sets its own
+    assert dataclasses.replace(claim, min_baseline_gain=15.0).learned_threshold == 15.0
+
+
+@pytest.mark.parametrize(("kind", "difference", "verdict", "gain", "headline"), [
+    ("parity", 0.0, "reproduced", 0.4, "under-trained (uniform +0.4 pts over the warm start, threshold +1.0)"),
+    ("parity", 0.0, "reproduced", 1.5, "reproduced"),
+    ("parity", 0.0, "inconclusive", 0.4, "inconclusive"),
+    ("improvement", 2.0, "contradicted", 0.4,
+     "contradicted, baseline under-trained (uniform +0.4 pts over the warm start, threshold +1.0)"),
+    ("improvement", 2.0, "reproduced", 0.4, "reproduced"),  # a gain the method made while the baseline stood still
+    ("parity", 0.0, "reproduced", None, "reproduced"),  # no warm-start row: nothing to check against
+])
+def test_a_verdict_cannot_come_from_an_untrained_baseline(kind, difference, verdict, gain, headline):
+    claim = verdicts.Claim("m", "uniform", "mean", "avg@k", difference, kind, "x")
+    judged = verdicts.Verdict(claim, verdict, "", interval(0.0, 0.002), detectable=0.005, holm=verdict,
+                              baseline_gain=gain)
+    assert judged.headline == headline
+
+
+def test_judge_claims_reports_the_gain_and_the_seeds_that_would_settle_it():
+    rng = np.random.default_rng(0)
+    baseline = rng.binomial(1, 0.5, size=(3, 200)).astype(float)
+    method = np.clip(baseline + rng.binomial(1, 0.05, size=(3, 200)), 0, 1)
+    scores, reference = scores_for(baseline, method, np.full((1, 200), baseline.mean() - 0.003))
+    claim = verdicts.Claim("m", "uniform", "b", "avg@k", 0.0, "parity", "x", 1.0)
+    [judged] = verdicts.judge_claims([claim], scores, ["b"], "ckpt-100", "avg@4", reference=reference)
+    assert judged.baseline_gain == pytest.approx(0.3) and judged.undertrained
+    components = power.variance_components({"b": method - baseline})
+    assert judged.seeds_to_settle == power.seeds_needed(components, 0.01, verdicts.PARITY_POWER)

@@ -16,12 +16,16 @@ import json
 import statistics
 from pathlib import Path
 
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
+
 from harness.config.paths import WARMSTART_LABEL
 from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
 from harness.report.markdown import (
     FIDELITY_HEADER,
+    bottom_line_intro,
     budget_warnings,
     calibration_lines,
     claims_note,
@@ -29,11 +33,12 @@ from harness.report.markdown import (
     reported_lines,
 )
 from harness.report.reported import Reported
-from harness.report.summary import claim_verdicts, detectability, training_reached
+from harness.report.summary import baseline_level, claim_verdicts, detectability, training_reached
 from harness.report.tables import (
     FLOOR_LEGEND,
     FLOOR_MARK,
     bench_table,
+    bottom_line,
     claims_table,
     detectability_table,
     overview_table,
@@ -334,37 +339,32 @@ def reported_section(reported: Reported | None, evidence: Evidence, summary: lis
 # --- the page -----------------------------------------------------------------------------------------------------
 
 
-SECTIONS = [("leaderboard", "Leaderboard"), ("claims", "Claims"), ("benchmarks", "Per benchmark"),
-            ("figures", "Figures"), ("tokens", "Token highlights"), ("reported", "Reported numbers"),
-            ("provenance", "Provenance")]
+SECTIONS = [("bottom-line", "Bottom line"), ("leaderboard", "Leaderboard"), ("claims", "Claims"),
+            ("benchmarks", "Per benchmark"), ("figures", "Figures"), ("tokens", "Token highlights"),
+            ("reported", "Reported numbers"), ("definitions", "How to read"), ("provenance", "Provenance")]
+TEMPLATES = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=True, trim_blocks=True,
+                        lstrip_blocks=True, undefined=StrictUndefined)
+FOREST = "difference_to_baseline"  # the page's first figure: every label's Δ against the baseline with its interval
 
 
-def _head(title: str) -> list[str]:
-    return ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-            f"<h1>{esc(title)}</h1>",
-            "<nav>" + "".join(f"<a href='#{key}'>{esc(name)}</a>" for key, name in SECTIONS) + "</nav>"]
-
-
-def _notes(evidence: Evidence, resolved: Resolved, summary: list[dict], n_resamples: int) -> list[str]:
-    """The protocol note, A/A calibration, unmatched budgets and failed runs: leaderboard.md's notes."""
-    parts = [f"<p class='note'>{esc(protocol_note(evidence, resolved, n_resamples).replace('**', ''))}</p>"]
+def _warnings(evidence: Evidence, summary: list[dict]) -> list[str]:
+    """A/A calibration, unmatched budgets and failed runs: what must be read before the tables."""
     calibration = calibration_lines(evidence, summary)
-    parts += [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
+    parts = [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
     parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in budget_warnings(evidence)]
     parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
               f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]
     return parts
 
 
-def claims_section(evidence: Evidence, reported: Reported | None) -> list[str]:
+def claims_section(evidence: Evidence, summary: list[dict], reported: Reported | None) -> list[str]:
     """The claims judged at the full budget (per comparison and with Holm) and the detectable effects."""
     judged = claim_verdicts(evidence, reported)
     parts = [f"<h2 id='claims'>Claims ({esc(evidence.final_ckpt)})</h2>",
              f"<p class='note'>{esc(claims_note(judged, reported))}</p>"]
     if judged:
-        parts.append(table(*claims_table(judged, training_reached(evidence), reported), "verdict (Holm)"))
+        levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
+        parts.append(table(*claims_table(judged, training_reached(evidence), reported, levels), "verdict (Holm)"))
     rows = detectability(evidence)
     if rows:
         parts += ["<h3>Detectable effects (paired, 80% power)</h3>", table(*detectability_table(rows), None)]
@@ -378,7 +378,7 @@ def _tables(evidence: Evidence, summary: list[dict], reported: Reported | None) 
     for ckpt in reversed(list(evidence.ckpts)):
         name = "Full budget" if ckpt == final else f"{evidence.ckpts[ckpt]:.0%} of the budget"
         parts += [f"<h3>{esc(name)} ({esc(ckpt)})</h3>", table(*overview_table(evidence, summary, ckpt))]
-    parts += claims_section(evidence, reported)
+    parts += claims_section(evidence, summary, reported)
     parts.append(f"<h2 id='benchmarks'>Per benchmark ({esc(final)})</h2>")
     for bench in evidence.benches:
         parts += [f"<h3>{esc(bench)}</h3>", table(*bench_table(evidence, summary, final, bench, reported))]
@@ -394,27 +394,31 @@ def fidelity_section(fidelity: Fidelity) -> list[str]:
             table(FIDELITY_HEADER, body, None)]
 
 
+def _figure(path: Path, name: str) -> dict:
+    return {"image": Markup(image(path, name)), "caption": FIGURE_CAPTIONS.get(name, name)}
+
+
 def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
            figures: dict[str, Path], batch_file: Path | None, inspected: dict[str, dict | str],
            n_resamples: int, fidelity: Fidelity | None = None) -> str:
-    """The whole page; ``inspected`` maps each label to its ``harness inspect`` output on ``batch_file`` (or an
-    error message); ``fidelity``, for a paper sweep, goes first."""
-    title = f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})"
-    parts = _head(title) + (fidelity_section(fidelity) if fidelity else [])
+    """The whole page from templates/report.html.j2: the bottom line and the forest plot first, then the protocol
+    fidelity (a paper sweep), the tables, figures, token highlights (``inspected`` maps each label to its ``harness
+    inspect`` output on ``batch_file``, or an error message), reported numbers, definitions and provenance."""
+    judged = claim_verdicts(evidence, reported)
+    levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
     tables = _tables(evidence, summary, reported)
     ours_beside_paper = reported_section(reported, evidence, summary)
-    parts += _notes(evidence, resolved, summary, n_resamples)
-    if any(FLOOR_MARK in part for part in [*tables, ours_beside_paper]):  # the legend only where a cell carries ‡
-        parts.append(f"<p class='note'>{esc(FLOOR_LEGEND)}</p>")
-    parts += tables
-    parts.append("<h2 id='figures'>Figures</h2>")
-    parts += [f"<figure>{image(path, name)}<figcaption>{esc(FIGURE_CAPTIONS.get(name, name))}</figcaption></figure>"
-              for name, path in figures.items()]
-    parts += ["<h2 id='tokens'>Token highlights</h2>", highlights_section(batch_file, inspected)]
-    parts += ["<h2 id='reported'>Reported numbers</h2>", ours_beside_paper]
-    parts += ["<h2 id='provenance'>Provenance</h2>", provenance_section(evidence)]
-    parts.append(f"<p class='note'>The warm start (<code>{esc(WARMSTART_LABEL)}</code>, step 0) is evaluated like "
-                 "every run and shown as a reference row; it is not ranked. Tables as CSV: leaderboard.csv (tidy), "
-                 "leaderboard_runs.csv (per run, naming each results.json).</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    protocol = protocol_note(evidence, resolved, n_resamples).replace("**", "")
+    page = TEMPLATES.get_template("report.html.j2").render(
+        title=f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})", css=CSS,
+        sections=SECTIONS, bottom_intro=bottom_line_intro(evidence, reported),
+        bottom_line=bottom_line(judged, levels, len(evidence.seeds)),
+        forest=_figure(figures[FOREST], FOREST) if FOREST in figures else None,
+        fidelity=Markup("".join(fidelity_section(fidelity))) if fidelity else "",
+        floor_legend=FLOOR_LEGEND if any(FLOOR_MARK in part for part in [*tables, ours_beside_paper]) else "",
+        tables=Markup("\n".join(_warnings(evidence, summary) + tables)),
+        figures=[_figure(path, name) for name, path in figures.items() if name != FOREST],
+        highlights=Markup(highlights_section(batch_file, inspected)), reported=Markup(ours_beside_paper),
+        notes=Markup(f"<p class='note'>{esc(protocol)}</p>"), provenance=Markup(provenance_section(evidence)),
+        warmstart=WARMSTART_LABEL)
+    return page + "\n"

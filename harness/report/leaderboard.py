@@ -32,7 +32,14 @@ from harness.report.fidelity import load_fidelity
 from harness.report.markdown import markdown
 from harness.report.reported import load_reported
 from harness.report.scores import CONFIDENCE
-from harness.report.summary import BOOTSTRAP_SEED, SUMMARY_COLUMNS, claim_verdicts, summarize
+from harness.report.summary import (
+    BOOTSTRAP_SEED,
+    SUMMARY_COLUMNS,
+    BaselineLevel,
+    baseline_level,
+    claim_verdicts,
+    summarize,
+)
 from harness.report.training_noise import VARIANCE_BASES
 from harness.report.verdicts import Verdict
 
@@ -66,8 +73,10 @@ def inspect_sample_batch(evidence: Evidence, paths: SweepPaths) -> tuple[Path | 
     return batch_file, outputs
 
 
-def verdict_record(v: Verdict) -> dict:
-    """One judged claim for leaderboard.json: the claim (points), the verdicts and the interval (fractions)."""
+def verdict_record(v: Verdict, level: BaselineLevel | None = None) -> dict:
+    """One judged claim for leaderboard.json: the claim (points), the verdicts and the interval (fractions), the
+    baseline's gain over the warm start and the seeds that would settle it; ``level``: the paper's baseline (points)
+    beside ours (fractions)."""
     iv = v.interval
     numbers = {"diff": None if iv is None else iv.estimate, "diff_ci_low": None if iv is None else iv.low,
                "diff_ci_high": None if iv is None else iv.high,
@@ -76,7 +85,13 @@ def verdict_record(v: Verdict) -> dict:
                "holm_p_contradict": v.holm_p_contradict}
     return {**dataclasses.asdict(v.claim), "headline": v.headline, "verdict": v.verdict, "reason": v.reason,
             "holm": v.holm, "variance": None if iv is None or iv.variance is None else iv.variance.basis,
-            **{k: None if x is None or math.isnan(x) else x for k, x in numbers.items()}}  # no NaN in JSON
+            **{k: None if x is None or math.isnan(x) else x for k, x in numbers.items()},  # no NaN in JSON
+            "baseline_gain": v.baseline_gain, "learned_threshold": v.claim.learned_threshold,
+            "undertrained": v.undertrained, "seeds_to_settle": v.seeds_to_settle,
+            "paper_baseline": None if level is None else level.paper,
+            "our_baseline": None if level is None or level.ours is None else {
+                k: level.ours[k] for k in ("estimate", "ci_low", "ci_high")},
+            "baseline_mismatch": None if level is None else level.mismatch}
 
 
 def with_calibration(evidence: Evidence, path: Path) -> Evidence:
@@ -99,7 +114,8 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
     fidelity_file = fidelity_file or CONFIG_DIR / "fidelity" / f"{resolved.sweep.name}.yaml"
     fidelity = load_fidelity(fidelity_file, resolved) if fidelity_file.is_file() else None
     root = paths.root
-    figures = plots.write_figures(evidence, summary, root / "figures")
+    judged = claim_verdicts(evidence, reported)
+    figures = plots.write_figures(evidence, summary, root / "figures", [v.claim for v in judged])
     written = [
         write_text_atomic(root / "leaderboard.md",
                           markdown(evidence, resolved, summary, reported, figures, root, n_resamples, fidelity)),
@@ -114,7 +130,8 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
                 "verdict": "Holm-adjusted per table (the comparisons with the baseline), two-sided 5%",
                 "calibration": None if evidence.calibration is None else str(evidence.calibration.path.name),
                 "n_resamples": n_resamples, "bootstrap_seed": BOOTSTRAP_SEED},
-            "summary": summary, "claims": [verdict_record(v) for v in claim_verdicts(evidence, reported)],
+            "summary": summary,
+            "claims": [verdict_record(v, baseline_level(v.claim, evidence, summary, reported)) for v in judged],
             "runs": evidence.run_rows}),
     ]
     batch_file, inspected = inspect_sample_batch(evidence, paths)

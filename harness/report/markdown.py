@@ -15,11 +15,18 @@ from harness.config.schema import Resolved
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
 from harness.report.reported import Reported
-from harness.report.summary import calibration_pairs, claim_verdicts, detectability, training_reached
+from harness.report.summary import (
+    baseline_level,
+    calibration_pairs,
+    claim_verdicts,
+    detectability,
+    training_reached,
+)
 from harness.report.tables import (
     FLOOR_LEGEND,
     FLOOR_MARK,
     bench_table,
+    bottom_line,
     claims_table,
     detectability_table,
     overview_table,
@@ -179,12 +186,33 @@ def claims_note(judged: list[Verdict], reported: Reported | None) -> str:
             f"'insufficient replication', whatever the interval shows (the per-claim verdict stands beside it).")
 
 
-def claims_lines(evidence: Evidence, reported: Reported | None) -> list[str]:
+STATISTICS_DOC = "docs/statistics.md"
+
+
+def bottom_line_lines(evidence: Evidence, summary: list[dict], reported: Reported | None) -> list[str]:
+    """The section leaderboard.md opens with (``tables.bottom_line``), and where its definitions are."""
+    judged = claim_verdicts(evidence, reported)
+    if not judged:
+        return []
+    levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
+    return ["## Bottom line", "", bottom_line_intro(evidence, reported), "",
+            *[f"- {line}" for line in bottom_line(judged, levels, len(evidence.seeds))], ""]
+
+
+def bottom_line_intro(evidence: Evidence, reported: Reported | None) -> str:
+    source = "the paper's claims" if reported and reported.claims else "stand-in claims (no paper)"
+    return (f"At the full budget ({evidence.final_ckpt}), {source}, {len(evidence.seeds)} seed(s) per label; Δ in "
+            f"points with its 95% interval, the effect this sweep detects with 80% power; details under Claims, "
+            f"definitions under How to read these numbers.")
+
+
+def claims_lines(evidence: Evidence, summary: list[dict], reported: Reported | None) -> list[str]:
     """The claims section and the detectable effects per benchmark (markdown)."""
     judged = claim_verdicts(evidence, reported)
     parts = [f"## Claims ({evidence.final_ckpt})", "", claims_note(judged, reported), ""]
     if judged:
-        parts += [markdown_table(*claims_table(judged, training_reached(evidence), reported)), ""]
+        levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
+        parts += [markdown_table(*claims_table(judged, training_reached(evidence), reported, levels)), ""]
     rows = detectability(evidence)
     if rows:
         parts += ["### Detectable effects (paired, 80% power)", "",
@@ -236,15 +264,17 @@ def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], report
     """The text of leaderboard.md; figure links are relative to ``root``, the folder it is written to."""
     final = evidence.final_ckpt
     parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", ""]
+    parts += bottom_line_lines(evidence, summary, reported)
     parts += fidelity_lines(fidelity) if fidelity else []
-    parts += [protocol_note(evidence, resolved, n_resamples), ""]
-    tables = _checkpoint_sections(evidence, summary) + claims_lines(evidence, reported)
+    tables = _checkpoint_sections(evidence, summary) + claims_lines(evidence, summary, reported)
     tables += [f"## Per benchmark ({final})", ""]
     for bench in evidence.benches:
         tables += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]
     if any(FLOOR_MARK in part for part in tables):  # the legend only where a table marks an interval
         parts += [FLOOR_LEGEND, ""]
     parts += tables
+    parts += ["## How to read these numbers", "", protocol_note(evidence, resolved, n_resamples), "",
+              f"Definitions and the statistics behind them: {STATISTICS_DOC}.", ""]
     if reported:
         parts += ["## Reported numbers", "", *reported_lines(reported, evidence), ""]
     if figures:

@@ -20,6 +20,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from harness.config.paths import WARMSTART_LABEL  # noqa: E402
+from harness.report.verdicts import MEAN  # noqa: E402
 
 DPI = 110
 STYLE = "whitegrid"
@@ -101,8 +102,9 @@ def per_benchmark(summary: list[dict], labels: list[str], benches: list[str], me
 
 
 def differences(summary: list[dict], labels: list[str], benches: list[str], metric: str, ckpt: str,
-                baseline: str) -> Figure | None:
-    """Paired difference to the baseline with its 95% interval, per benchmark and averaged; 0 = no difference."""
+                baseline: str, claimed: dict[tuple[str, str], float] | None = None) -> Figure | None:
+    """The forest plot: paired difference to the baseline with its 95% interval, per benchmark and averaged; 0 = no
+    difference; ``claimed``: (label, benchmark or 'all') -> the paper's claimed difference (points), marked."""
     rows = [r for r in summary if r["metric"] == metric and r["statistic"] == "mean" and r["ckpt"] == ckpt
             and r.get("diff") is not None]
     if not rows:
@@ -120,7 +122,13 @@ def differences(summary: list[dict], labels: list[str], benches: list[str], metr
             ax.errorbar([100 * row["diff"]], [yi], xerr=[[100 * (row["diff"] - row.diff_ci_low)],
                                                          [100 * (row.diff_ci_high - row["diff"])]],
                         fmt="o", color=colours[label], capsize=3)
+            if (label, bench) in (claimed or {}):
+                ax.plot([claimed[(label, bench)]], [yi], marker="D", markersize=6, markerfacecolor="none",
+                        markeredgecolor="crimson", linestyle="none", label="claimed")
         ax.axvline(0.0, color="black", linewidth=0.8)
+        if ax.get_legend_handles_labels()[0]:
+            handles, names = ax.get_legend_handles_labels()
+            ax.legend(handles[:1], names[:1], loc="best", fontsize="small")
         ax.set_yticks(y, compared)
         ax.invert_yaxis()
         ax.set_title(bench if bench != "all" else "mean over benchmarks")
@@ -156,8 +164,16 @@ def save_png(fig: Figure, path: Path) -> Path:
     return path
 
 
-def write_figures(evidence, summary: list[dict], out_dir: Path) -> dict[str, Path]:
-    """Render every figure the sweep has data for; return {name: PNG path}."""
+def claimed_differences(claims, baseline: str | None) -> dict[tuple[str, str], float]:
+    """(label, benchmark or 'all') -> the claimed difference (points) of each improvement claim on the sampled
+    metric against the sweep's baseline (``verdicts.Claim``), for the forest plot."""
+    return {(c.method, "all" if c.benchmark == MEAN else c.benchmark): c.difference for c in claims
+            if c.kind == "improvement" and c.metric == "avg@k" and c.baseline == baseline}
+
+
+def write_figures(evidence, summary: list[dict], out_dir: Path, claims=()) -> dict[str, Path]:
+    """Render every figure the sweep has data for; return {name: PNG path}. ``claims``: the judged claims, marked
+    on the forest plot."""
     metric, labels, benches = evidence.avg_metric, evidence.labels, evidence.benches
     final = evidence.final_ckpt
     # steps and tokens always; the budget's FLOPs and accelerator seconds too once the trainer logs them. The
@@ -168,7 +184,8 @@ def write_figures(evidence, summary: list[dict], out_dir: Path) -> dict[str, Pat
                for x in axes}
     figures["per_benchmark"] = per_benchmark(summary, labels, benches, metric, final)
     if evidence.baseline:
-        figures["difference_to_baseline"] = differences(summary, labels, benches, metric, final, evidence.baseline)
+        figures["difference_to_baseline"] = differences(summary, labels, benches, metric, final, evidence.baseline,
+                                                        claimed_differences(claims, evidence.baseline))
     figures["training_curves"] = training_curves(evidence.metrics, labels)
     written = {name: save_png(fig, out_dir / f"{name}.png") for name, fig in figures.items() if fig is not None}
     for stale in set(out_dir.glob("*.png")) - set(written.values()):  # an earlier report's figure this one lacks

@@ -8,6 +8,7 @@ so each cell can be traced to the generations behind it. One row of the tidy sum
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -176,8 +177,43 @@ def claim_verdicts(evidence: Evidence, reported: Reported | None) -> list[verdic
     claims = reported.claims if reported and reported.claims else verdicts.default_claims(
         evidence.labels, {label: evidence.method_name(label) for label in evidence.labels}, evidence.baseline)
     noise = {metric: noise_at(evidence, evidence.final_ckpt, metric) for metric in evidence.metric_names}
+    reference = {(bench, metric): matrix for (label, ckpt, bench, metric), matrix in evidence.scores.items()
+                 if (label, ckpt) == (WARMSTART_LABEL, WARMSTART_CKPT)}
     return verdicts.judge_claims(claims, evidence.scores, evidence.benches, evidence.final_ckpt, evidence.avg_metric,
-                                 noise)
+                                 noise, reference)
+
+
+@dataclass(frozen=True)
+class BaselineLevel:
+    """A claim's baseline: the paper's number and ours on the claim's benchmarks and metric at the full budget. A
+    paper's baseline outside our 95% interval flags a protocol mismatch: a gain measured from another baseline level
+    may not transfer (paper-d3s: GRPO on Qwen2.5-Math-7B at 48.5 on MATH)."""
+
+    paper: float | None  # percent; None when the paper gives no baseline number on some benchmark of the scope
+    ours: dict | None  # our baseline's summary row (estimate, ci_low, ci_high: fractions); None: not evaluated
+    missing: tuple[str, ...] = ()  # benchmarks of the scope without a paper number
+    unlike: str = ""  # why the paper's numbers are not comparable (another metric), when they are not
+
+    @property
+    def mismatch(self) -> bool:
+        return (self.paper is not None and self.ours is not None
+                and not 100 * self.ours["ci_low"] <= self.paper <= 100 * self.ours["ci_high"])
+
+
+def baseline_level(claim: verdicts.Claim, evidence: Evidence, summary: list[dict],
+                   reported: Reported | None) -> BaselineLevel:
+    """The paper's baseline (the unweighted mean of its numbers over the claim's benchmarks) beside ours."""
+    scope = list(evidence.benches) if claim.benchmark == verdicts.MEAN else [claim.benchmark]
+    metric = evidence.avg_metric if claim.metric == "avg@k" else "greedy"
+    bench = "all" if claim.benchmark == verdicts.MEAN else claim.benchmark
+    rows = [r for r in summary if (r["ckpt"], r["method"], r["bench"], r["metric"], r["statistic"])
+            == (evidence.final_ckpt, claim.baseline, bench, metric, "mean")]
+    if claim.metric == "greedy" and reported and "greedy" not in (reported.metric or "").lower():
+        return BaselineLevel(None, rows[0] if rows else None, unlike=f"its numbers are {reported.metric or 'sampled'}")
+    numbers = {b: reported.get(claim.baseline, b) for b in scope} if reported else {}
+    missing = tuple(b for b in scope if numbers.get(b) is None)
+    paper = None if missing or not numbers else float(np.mean(list(numbers.values())))
+    return BaselineLevel(paper, rows[0] if rows else None, missing if reported else ())
 
 
 def training_reached(evidence: Evidence) -> dict[str, dict[str, float]]:

@@ -7,8 +7,10 @@ import math
 
 from harness.config.paths import WARMSTART_LABEL
 from harness.report.evidence import WARMSTART_CKPT, Evidence
+from harness.report.power import MAX_SEEDS
 from harness.report.reported import Reported
-from harness.report.verdicts import Verdict
+from harness.report.summary import BaselineLevel
+from harness.report.verdicts import ALPHA_ONE_SIDED, Verdict
 
 Table = tuple[list[str], list[list[str]]]  # (header, body rows)
 
@@ -169,19 +171,31 @@ def paper_training_cell(reported: Reported | None) -> str:
             f"({paper.where})")
 
 
+def baseline_cell(level: BaselineLevel) -> str:
+    """The paper's baseline beside ours (``summary.baseline_level``), flagged when it lies outside our interval."""
+    ours = with_ci(level.ours) if level.ours else "not evaluated"
+    if level.paper is None:
+        paper = level.unlike or (f"none for {', '.join(level.missing)}" if level.missing else "no paper")
+        return f"paper: {paper}; ours: {ours}"
+    flag = ": outside our interval, protocol mismatch?" if level.mismatch else ""
+    return f"paper: {level.paper:.1f}; ours: {ours}{flag}"
+
+
 def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | None = None,
-                 reported: Reported | None = None) -> Table:
+                 reported: Reported | None = None, levels: list[BaselineLevel] | None = None) -> Table:
     """One row per claim (``verdicts.Verdict``): the claim, where the paper says it, our paired difference, the
     detectable effect, the headline (the Holm verdict, or insufficient replication: ``Verdict.headline``), the
     per-claim verdict and why, Holm's adjusted p-values; the
     difference carries ``FLOOR_MARK`` when its interval rests on the residual floor. Beside the verdict, how long
     the compared runs trained (``reached``: label -> ``summary.training_reached``) against the paper's run
-    (``reported.training``): a verdict at a fraction of the paper's training is not a verdict on the paper's run."""
+    (``reported.training``): a verdict at a fraction of the paper's training is not a verdict on the paper's run.
+    ``levels`` (one per claim): the paper's baseline beside ours, and the baseline's gain over the warm start."""
     header = ["claim", "where", "Δ [95% CI]", "detectable at 80% power", "verdict (Holm)", "per-claim verdict", "why",
               "Holm p (reproduce, contradict)", "trained here (method; baseline)", "paper's run"]
+    header += ["baseline (paper; ours [95% CI])", "baseline gain over the warm start"] if levels else []
     body = []
     reached = reached or {}
-    for v in judged:
+    for i, v in enumerate(judged):
         iv = v.interval
         difference = "" if iv is None else (f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} "
                                             f"[{pct(iv.low)}, {pct(iv.high)}]{FLOOR_MARK if iv.rests_on_floor else ''}")
@@ -191,6 +205,10 @@ def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | N
                                                                                           v.claim.baseline))
         body.append([v.claim.describe(), v.claim.where, difference, detectable, v.headline, v.verdict, v.reason,
                      holm_p, trained, paper_training_cell(reported)])
+        if levels:
+            gain = "n/a" if v.baseline_gain is None else (f"{v.baseline_gain:+.1f} pts (threshold "
+                                                          f"{v.claim.learned_threshold:+.1f})")
+            body[-1] += [baseline_cell(levels[i]), gain]
     return header, body
 
 
@@ -202,3 +220,45 @@ def detectability_table(rows: list[dict]) -> Table:
              _points(r["problem_sd"]), _points(r["residual_sd"]), _points(r["detectable"]), r["variance"] or ""]
             for r in rows]
     return header, body
+
+
+# --- the bottom line ----------------------------------------------------------------------------------------------
+
+BOTTOM_LINE_CLAIMS = 8  # the section stays a screen: more claims are counted and left to the claims table
+SETTLED = ("reproduced", "contradicted")
+
+
+def bottom_line(judged: list[Verdict], levels: list[BaselineLevel], n_seeds: int) -> list[str]:
+    """One line per claim, at most ``BOTTOM_LINE_CLAIMS``: its headline verdict, Δ [95% CI], the effect this sweep
+    detects, the seeds per label that would settle an unsettled one, and a baseline far from the paper's."""
+    lines = []
+    for v, level in list(zip(judged, levels, strict=True))[:BOTTOM_LINE_CLAIMS]:
+        claim, iv = v.claim, v.interval
+        scope = "mean over benchmarks" if claim.benchmark == "mean" else claim.benchmark
+        claimed = (f"claim {claim.difference:+.1f} pts" if claim.kind == "improvement"
+                   else f"claim parity within ±{claim.margin:g}")
+        line = f"{claim.method} vs {claim.baseline}, {scope} ({claimed}): {v.headline}"
+        if v.headline == "reproduced" and claim.kind == "improvement" and v.holm_p_contradict < ALPHA_ONE_SIDED:
+            line += " (a smaller effect: the interval excludes the claim too)"
+        if iv is not None:
+            line += f"; Δ {'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]"
+        if v.detectable is not None:
+            line += f"; detects {pct(v.detectable)}"
+            if v.underpowered or not (v.headline.startswith(SETTLED) or v.undertrained):
+                line += settle_note(v, n_seeds)
+        if level.mismatch:
+            line += f"; paper's baseline {level.paper:.1f} lies outside ours ({with_ci(level.ours)})"
+        lines.append(line)
+    if len(judged) > BOTTOM_LINE_CLAIMS:
+        lines.append(f"{len(judged) - BOTTOM_LINE_CLAIMS} more claim(s) in the claims table")
+    return lines
+
+
+def settle_note(v: Verdict, n_seeds: int) -> str:
+    """The seeds per label whose detectable effect reaches the claim's (``Verdict.seeds_to_settle``)."""
+    if v.seeds_to_settle is None:
+        return (f"; no seed count up to {MAX_SEEDS} detects {v.claim.effect:g} pts (the problems' part does not "
+                f"shrink with seeds)")
+    if v.seeds_to_settle > n_seeds:
+        return f"; {v.seeds_to_settle} seeds per label would detect {v.claim.effect:g} pts"
+    return ""

@@ -34,7 +34,12 @@ each of the two p-value families over all claims of the sweep: p_(i) -> max_{j <
 
 The headline of a claim (``Verdict.headline``) is its Holm verdict, or "insufficient replication (detects X, claim
 Y)" when the sweep's detectable effect X exceeds the claim's effect Y (an improvement's difference, a parity
-claim's margin): such a sweep calls the claim mostly by chance, whichever way. For parity the detectable effect is
+claim's margin): such a sweep calls the claim mostly by chance, whichever way. A verdict cannot come from
+under-training: a parity claim judged "reproduced" whose baseline gained less than ``Claim.learned_threshold``
+points over the warm start (the step-0 reference row; the claim's ``min_baseline_gain``, default its margin: both
+arms still within the margin of the base model are equivalent by construction) reads "under-trained", and an
+improvement claim judged "contradicted" under such a baseline says so ("contradicted, baseline under-trained").
+For parity the detectable effect is
 the smallest margin the sweep establishes with 80% power when the truth is 0: TOST passes when both one-sided tests
 do, so each at ``PARITY_POWER`` = 90% gives >= 80% (``power.detectable_effect`` at 90%). The intervals and detectable
 effects pool the sweep's training noise over its labels (``training_noise.pooled_variance``) when given it.
@@ -59,12 +64,13 @@ from harness.report.training_noise import OWN, TrainingNoise
 KINDS = ("improvement", "parity")
 METRICS = ("avg@k", "greedy")
 MEAN = "mean"  # the claim's benchmark for the unweighted mean over the sweep's benchmarks
+UNDERTRAINED = "under-trained"  # a parity verdict while the baseline did not learn (module docstring)
 NOT_JUDGED = "not judged"  # evaluated, but the sweep cannot judge it: one seed, or an interval without width
 PARITY_MARGIN_POINTS = 1.0
 DEFAULT_CLAIM_POINTS = 2.0  # the default sweep's stand-in claim: each method improves the mean by 2 points
 DEFAULT_BASELINE = "uniform"
 CLAIM_REQUIRED = {"method", "benchmark", "metric", "difference", "kind", "where"}
-CLAIM_KEYS = CLAIM_REQUIRED | {"baseline", "margin"}
+CLAIM_KEYS = CLAIM_REQUIRED | {"baseline", "margin", "min_baseline_gain"}
 ALPHA_ONE_SIDED = (1 - CONFIDENCE) / 2  # 0.025: the 95% interval's side
 PARITY_POWER = 1 - (1 - power.POWER) / 2  # each one-sided test of TOST at 90%: both pass with >= 80% (docstring)
 
@@ -81,6 +87,14 @@ class Claim:
     kind: str  # "improvement" or "parity"
     where: str
     margin: float = PARITY_MARGIN_POINTS
+    min_baseline_gain: float | None = None  # points; None: ``learned_threshold``'s default
+
+    @property
+    def learned_threshold(self) -> float:
+        """The gain (points) over the warm start the baseline must reach for a parity verdict to count (module
+        docstring): the claim's own, else the parity margin (an arm that moved less than the margin from the start
+        makes equivalence within it true by construction)."""
+        return self.margin if self.min_baseline_gain is None else self.min_baseline_gain
 
     @property
     def effect(self) -> float:
@@ -119,10 +133,13 @@ def parse_claims(path: Path, raw) -> list[Claim]:
             raise ConfigError(f"{path}: key '{key}.metric': {entry['metric']!r}; allowed: {list(METRICS)}")
         if entry["kind"] not in KINDS:
             raise ConfigError(f"{path}: key '{key}.kind': {entry['kind']!r}; allowed: {list(KINDS)}")
-        for name in ("difference", "margin"):
+        for name in ("difference", "margin", "min_baseline_gain"):
             value = entry.get(name, 0.0)
             if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
                 raise ConfigError(f"{path}: key '{key}.{name}': {value!r} is not a number of points in [-100, 100]")
+        if entry.get("min_baseline_gain", 0.0) < 0:
+            raise ConfigError(f"{path}: key '{key}.min_baseline_gain': the baseline's gain over the warm start "
+                              f"must be >= 0 points, got {entry['min_baseline_gain']!r}")
         margin = float(entry.get("margin", PARITY_MARGIN_POINTS))
         if "margin" in entry and entry["kind"] != "parity":
             raise ConfigError(f"{path}: key '{key}.margin' applies to kind 'parity' only")
@@ -135,8 +152,10 @@ def parse_claims(path: Path, raw) -> list[Claim]:
         baseline = entry.get("baseline", DEFAULT_BASELINE)
         if baseline == entry["method"]:
             raise ConfigError(f"{path}: key '{key}.baseline': the same label as its method ({baseline!r})")
+        gain = entry.get("min_baseline_gain")
         claims.append(Claim(entry["method"], baseline, entry["benchmark"], entry["metric"],
-                            float(entry["difference"]), entry["kind"], entry["where"].strip(), margin))
+                            float(entry["difference"]), entry["kind"], entry["where"].strip(), margin,
+                            None if gain is None else float(gain)))
     return claims
 
 
@@ -182,6 +201,8 @@ class Verdict:
     holm: str = ""
     holm_p_reproduce: float = math.nan
     holm_p_contradict: float = math.nan
+    baseline_gain: float | None = None  # points the baseline gained over the warm start (None: no warm-start row)
+    seeds_to_settle: int | None = None  # seeds per label whose detectable effect reaches the claim's (None: > max)
 
     @property
     def underpowered(self) -> bool:
@@ -189,12 +210,26 @@ class Verdict:
         return self.detectable is not None and 100 * self.detectable > self.claim.effect
 
     @property
+    def undertrained(self) -> bool:
+        """The baseline gained less than ``Claim.learned_threshold`` over the warm start (module docstring)."""
+        return self.baseline_gain is not None and self.baseline_gain < self.claim.learned_threshold
+
+    @property
     def headline(self) -> str:
-        """What the claims table leads with: the Holm verdict, or insufficient replication (module docstring)."""
+        """What the claims table leads with: the Holm verdict, or insufficient replication, or under-trained
+        (module docstring)."""
         if self.underpowered:
             return (f"insufficient replication (detects {100 * self.detectable:.1f}, claim "
                     f"{self.claim.effect:.1f})")
-        return self.holm or self.verdict
+        verdict = self.holm or self.verdict
+        if self.undertrained and verdict in ("reproduced", "contradicted"):
+            gain = (f"{self.claim.baseline} {self.baseline_gain:+.1f} pts over the warm start, threshold "
+                    f"{self.claim.learned_threshold:+.1f}")
+            if self.claim.kind == "parity" and verdict == "reproduced":
+                return f"{UNDERTRAINED} ({gain})"
+            if self.claim.kind == "improvement" and verdict == "contradicted":
+                return f"contradicted, baseline {UNDERTRAINED} ({gain})"
+        return verdict
 
 
 def claim_pvalues(claim: Claim, interval: Interval) -> tuple[float, float]:
@@ -263,7 +298,9 @@ def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None,
                                          PARITY_POWER if claim.kind == "parity" else power.POWER)
     p_reproduce, p_contradict = claim_pvalues(claim, interval)
     verdict, reason = decide(claim, interval, p_reproduce, p_contradict, detectable)
-    return Verdict(claim, verdict, reason, interval, detectable, p_reproduce, p_contradict)
+    settle = power.seeds_needed(components, claim.effect / 100,
+                                PARITY_POWER if claim.kind == "parity" else power.POWER)
+    return Verdict(claim, verdict, reason, interval, detectable, p_reproduce, p_contradict, seeds_to_settle=settle)
 
 
 def pair_components(differences: Mapping[str, np.ndarray], variance: CrossedVariance,
@@ -288,18 +325,36 @@ def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
     return out
 
 
+def baseline_gain(claim: Claim, scores: Mapping[tuple[str, str, str, str], np.ndarray], benches: Sequence[str],
+                  ckpt: str, avg_metric: str, reference: Mapping[tuple[str, str], np.ndarray]) -> float | None:
+    """Points the claim's baseline gained at ``ckpt`` over the warm start on the claim's benchmarks and metric (its
+    mean over seeds and problems minus the warm start's, unweighted over benchmarks for the mean); ``reference``:
+    (benchmark, metric) -> the warm start's (1, P) scores. None when the sweep lacks either."""
+    metric = avg_metric if claim.metric == "avg@k" else "greedy"
+    scope = list(benches) if claim.benchmark == MEAN else [claim.benchmark]
+    if not scope or any((claim.baseline, ckpt, b, metric) not in scores or (b, metric) not in reference
+                        for b in scope):
+        return None
+    return 100 * float(np.mean([scores[(claim.baseline, ckpt, b, metric)].mean() - reference[(b, metric)].mean()
+                                for b in scope]))
+
+
 def judge_claims(claims: Sequence[Claim], scores: Mapping[tuple[str, str, str, str], np.ndarray],
                  benches: Sequence[str], ckpt: str, avg_metric: str,
-                 noise: Mapping[str, Mapping[tuple[str, ...], TrainingNoise]] | None = None) -> list[Verdict]:
+                 noise: Mapping[str, Mapping[tuple[str, ...], TrainingNoise]] | None = None,
+                 reference: Mapping[tuple[str, str], np.ndarray] | None = None) -> list[Verdict]:
     """Every claim judged at ``ckpt`` (the full budget), with Holm over the evaluated ones; ``noise``: metric ->
-    scope (sorted benchmark tuple) -> the sweep's pooled training noise."""
+    scope (sorted benchmark tuple) -> the sweep's pooled training noise; ``reference``: the warm start's scores
+    ((benchmark, metric) -> (1, P)), for the baseline's gain over it."""
     noise = noise or {}
     judged = []
     for claim in claims:
         metric = avg_metric if claim.metric == "avg@k" else "greedy"
         scope = tuple(sorted(benches)) if claim.benchmark == MEAN else (claim.benchmark,)
-        judged.append(judge(claim, claim_differences(claim, scores, benches, ckpt, avg_metric),
-                            noise.get(metric, {}).get(scope)))
+        verdict = judge(claim, claim_differences(claim, scores, benches, ckpt, avg_metric),
+                        noise.get(metric, {}).get(scope))
+        gain = baseline_gain(claim, scores, benches, ckpt, avg_metric, reference or {})
+        judged.append(dataclasses.replace(verdict, baseline_gain=gain))
     return with_holm(judged)
 
 
