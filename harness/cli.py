@@ -1,5 +1,6 @@
-"""``harness`` command line: data, warmstart, train, fetch, eval, report, plan, power, calibrate, extend-seeds,
-inspect, new-method.
+"""``harness`` command line: data, warmstart, train, fetch, eval, report, summarize, plan, power, calibrate,
+extend-seeds, rehearse, verify, progress, inspect, new-method; ``harness --help`` lists them, one line each, and the
+documents that hold their formats.
 
 Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
 ``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing. A Snakemake
@@ -10,23 +11,55 @@ harness/config/snapshot.py), run as written: no overrides, no YAML read again.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from harness.config.loading import load_method, resolve
-from harness.config.paths import CONFIG_DIR, SweepPaths
+from harness.config.paths import CONFIG_DIR, REPO_ROOT, SweepPaths
 from harness.config.schema import ConfigError, MethodSpec, Resolved
 from harness.config.snapshot import is_snapshot, load_snapshot
 
 DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
+DISTRIBUTION = "tokentarget-harness"  # pyproject.toml's [project] name
 
 
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sweep", default=str(DEFAULT_SWEEP), help="sweep YAML (default: %(default)s)")
+    # the default is absolute (any working directory), its help the path in the checkout
+    parser.add_argument("--sweep", default=str(DEFAULT_SWEEP),
+                        help=f"sweep YAML (default: {DEFAULT_SWEEP.relative_to(REPO_ROOT)})")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. train.learning_rate=1e-4 (repeatable)")
+
+
+def version_text() -> str:
+    """The installed distribution's version and the checkout's git commit, for ``harness --version``."""
+    from harness.config.provenance import git_state
+
+    try:
+        version = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed: pip install -e .)"
+    # only a checkout has a commit: git run from an installed copy would report whatever repository holds it
+    git = git_state() if (REPO_ROOT / ".git").exists() else {"commit": None, "dirty": None}
+    commit = git["commit"] or "not available (not a git checkout)"
+    return f"harness {version} ({DISTRIBUTION}), git commit {commit}" + (" with uncommitted changes"
+                                                                        if git["dirty"] else "")
+
+
+class VersionAction(argparse.Action):
+    """``--version``: runs git only when asked, not on every command's parse (argparse's own version action takes
+    its text when the parser is built)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def seconds_since_process_start() -> float | None:
@@ -195,11 +228,23 @@ def cmd_report(args) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
+def cmd_summarize(args) -> None:
+    from harness.report.across_sweeps import write_summary
+
+    written = write_summary([Path(folder) for folder in args.folders], Path(args.out))
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
 def cmd_plan(args) -> None:
     from harness.ops.resources import format_plan, plan_memory_problems
+    from harness.report.plan_power import plan_power_lines
 
     resolved, _ = _resolve(args)  # refuses a preset whose GPU jobs do not fit (harness/config/rules.py)
     print(format_plan(resolved))
+    # sizing before spending: the effect the seeds detect, the seeds each claim needs (a shortfall reads
+    # 'underpowered:', not 'warning:': it makes no job fail)
+    lines, underpowered = plan_power_lines(resolved)
+    print("\n".join(["", *lines, *underpowered]))
     problems = plan_memory_problems(resolved)  # also a reference model a method's needs add
     if problems:
         raise ConfigError(f"{resolved.source}: " + "; ".join(problems))
@@ -327,31 +372,89 @@ def cmd_rehearse(args) -> None:
         raise SystemExit(f"harness rehearse: {len(failed)} of {len(args.sweeps)} rehearsals failed: {failed}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harness", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = """\
+Reproducibility harness for token-targeting RLVR methods: each command does one
+step of a sweep (the Snakefile chains them) or reads its results."""
+EPILOG = """\
+Each command's --help says what it reads and writes and which document holds its
+formats (paths in the checkout):
+  README.md                  quickstart, the results folder, adding a method
+  docs/statistics.md         report, summarize, power, calibrate, extend-seeds
+  docs/cluster.md            plan, progress, rehearse, fetch: the paper sweeps
+  docs/performance.md        plan: where the time goes
+  docs/config-reference.md   every --set key, its default and allowed values
+  docs/protocol.md           train, eval: the training step and the evaluation
+  docs/budgets.md            train: matched compute budgets
+  docs/reproducibility.md    verify, progress: resume, determinism, run records
+  docs/inspect.md            inspect: the batch format"""
 
-    p = sub.add_parser("data", help="generate or verify the sweep's training and evaluation data")
+
+class SubcommandHelpFormatter(argparse.HelpFormatter):
+    """Wraps a command's help without breaking a path at a hyphen (docs/config-reference.md)."""
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse sizes the help column without a subcommand's own indent, so the longest name (extend-seeds) would sit
+    on a line of its own with its help below: count the indent, so every command is one line."""
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(self._format_action_invocation(a)) for a in action._get_subactions()), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 2)
+
+
+def _subcommand(sub, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand: ``summary`` is its one line in ``harness --help``, ``description`` heads its own help and names
+    the document that holds its formats."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {description}",
+                          formatter_class=SubcommandHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action=VersionAction, help="print the package version and git commit, and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+
+    p = _subcommand(sub, "data", "write the sweep's data folder",
+                    "train.jsonl (synthetic, a shipped JSONL after its checksum is verified, or a hub dataset at its "
+                    "pinned commit) and, with synthetic data, the benchmark splits, with SHA256SUMS (the `data` keys: "
+                    "docs/config-reference.md).")
     _sweep_args(p)
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("warmstart", help="build the starting policy once per sweep")
+    p = _subcommand(sub, "warmstart", "build the starting policy once per sweep",
+                    "Supervised warm start of the preset's model (docs/reproducibility.md).")
     _sweep_args(p)
     p.set_defaults(func=cmd_warmstart)
 
-    p = sub.add_parser("train", help="train one method label with one seed under the budget")
+    p = _subcommand(sub, "train", "train one label with one seed under the budget",
+                    "Writes runs/<label>/seed<N>/: run.json, metrics.jsonl and a checkpoint at each budget fraction "
+                    "(README.md, 'Reading the results'; budgets: docs/budgets.md; the step: docs/protocol.md).")
     _sweep_args(p)
     p.add_argument("--method", required=True, help="method label: configs/method/<label>.yaml")
     p.add_argument("--seed", type=int, required=True)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("fetch", help="save a released checkpoint (a label's `checkpoint:`) as an eval-only run")
+    p = _subcommand(sub, "fetch", "save a released checkpoint as an eval-only run",
+                    "A label whose config names a `checkpoint:` is fetched instead of trained (docs/cluster.md, the "
+                    "published-checkpoints sweep).")
     _sweep_args(p)
     p.add_argument("--method", required=True, help="method label whose config names a checkpoint")
     p.add_argument("--seed", type=int, required=True)
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("eval", help="evaluate checkpoints of a run on the sweep's benchmarks")
+    p = _subcommand(sub, "eval", "evaluate a run's checkpoints on the benchmarks",
+                    "Writes eval/<label>/seed<N>/<ckpt>/<bench>/results.json and samples.jsonl (README.md, 'Reading "
+                    "the results'; the protocol: docs/protocol.md).")
     _sweep_args(p)
     p.add_argument("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'")
     p.add_argument("--label", default="warmstart", help="method label of the run (or 'warmstart')")
@@ -363,15 +466,29 @@ def build_parser() -> argparse.ArgumentParser:
                                  "there are several (default: the sweep's paths)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("report", help="render the leaderboard from the sweep's eval results")
+    p = _subcommand(sub, "report", "write a sweep's leaderboard and report.html",
+                    "Writes leaderboard.md, .csv, .json, leaderboard_runs.csv, report.html and figures/ (columns: "
+                    "README.md, 'Reading the results'; intervals and verdicts: docs/statistics.md).")
     _sweep_args(p)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("plan", help="job counts and GPU-hours of a sweep, from its budget and resources")
+    p = _subcommand(sub, "summarize", "one page across sweeps: Δ forest plot, claims",
+                    "Reads each sweep result folder's leaderboard.json (and lists what a partial sweep lacks); writes "
+                    "summary.md, summary.html, summary.json and forest.png/.svg (docs/statistics.md, 'Across "
+                    "sweeps').")
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="sweep result folders, e.g. results/example")
+    p.add_argument("--out", default="results/summary", help="output folder (default: %(default)s)")
+    p.set_defaults(func=cmd_summarize)
+
+    p = _subcommand(sub, "plan", "job counts and GPU-hours of a sweep",
+                    "From its budget and resources, before anything runs (docs/cluster.md; the cost model: "
+                    "docs/performance.md).")
     _sweep_args(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("power", help="seeds (and GPU-hours) needed to detect an effect, from a pilot sweep")
+    p = _subcommand(sub, "power", "seeds needed to detect an effect, from a pilot",
+                    "The seeds (and GPU-hours) a claim needs, from a finished pilot sweep (docs/statistics.md, "
+                    "'harness power').")
     _sweep_args(p)
     p.add_argument("--pilot", help="a finished sweep's results folder (default: this sweep's), e.g. results/example")
     p.add_argument("--pair", action="append", metavar="LABEL,BASELINE",
@@ -382,15 +499,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "configs/reported/<sweep>.yaml, else 2)")
     p.set_defaults(func=cmd_power)
 
-    p = sub.add_parser("calibrate", help="the preset's A/A training noise from the baseline's calibration seeds "
-                                         "(`snakemake calibrate` runs them first)")
+    p = _subcommand(sub, "calibrate", "the preset's A/A training noise",
+                    "From the baseline's calibration seeds, which `snakemake calibrate` runs first; writes "
+                    "configs/calibration/<preset>.json (docs/statistics.md, 'The A/A calibration of a preset').")
     _sweep_args(p)
     p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 of the baseline (default: %(default)s)")
     p.add_argument("--out", help="output JSON (default: configs/calibration/<preset>.json)")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("extend-seeds", help="group-sequential stages: decide the claims this stage settles and write "
-                                            "the next stage's sweep for the labels still open")
+    p = _subcommand(sub, "extend-seeds", "the next stage of seeds for claims still open",
+                    "Group-sequential stages: decides the claims this stage settles and writes the next stage's sweep "
+                    "for the labels still open (docs/statistics.md, 'harness extend-seeds').")
     _sweep_args(p)
     p.add_argument("--first", type=int, required=True, help="seeds of the first stage")
     p.add_argument("--add", type=int, required=True, help="seeds added per stage")
@@ -398,17 +517,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the next stage's sweep file (default: results/<sweep>/stage-<seeds>-seeds.yaml)")
     p.set_defaults(func=cmd_extend_seeds)
 
-    p = sub.add_parser("rehearse", help="run a paper sweep's own DAG end to end at CPU scale, and check it")
+    p = _subcommand(sub, "rehearse", "run a paper sweep's DAG at CPU scale, check it",
+                    "The sweep's own DAG, launcher, precision, loss and evaluation at CPU scale, with a kill and "
+                    "resume (docs/cluster.md, 'Rehearse first').")
     p.add_argument("sweeps", nargs="+", help="paper sweep files, e.g. configs/sweeps/paper-ktae.yaml")
-    p.add_argument("--out", default="results/rehearsal", help="results folder of the rehearsals")
-    p.add_argument("--cores", type=int, default=2, help="snakemake --cores")
+    p.add_argument("--out", default="results/rehearsal", help="results folder of the rehearsals (default: "
+                                                              "%(default)s)")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores (default: %(default)s)")
     p.add_argument("--mode", choices=("cpu", "vllm-cpu", "cuda"), default="cpu",
                    help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
                         "in one training process; cuda: one GPU with the preset's colocated vLLM")
     p.set_defaults(func=cmd_rehearse)
 
-    p = sub.add_parser("verify", help="replay the first steps of a recorded run here; report the first divergence or "
-                                      "bit-identical (exit status 1 when it diverges)")
+    p = _subcommand(sub, "verify", "replay a recorded run's first steps here",
+                    "Reports the first divergence or bit-identical; exit status 1 when it diverges "
+                    "(docs/reproducibility.md, 'Checking a result on your own machine').")
     p.add_argument("run", help="a run folder holding run.json and metrics.jsonl, e.g. "
                                "results/example/runs/uniform/seed0")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps to replay (default: %(default)s, all the "
@@ -417,19 +540,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(reused by later verifications; default: %(default)s)")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("progress", help="the sweep's training jobs: done, running (budget %%, step, ETA) or pending")
+    p = _subcommand(sub, "progress", "a sweep's training jobs: done, running, ETA",
+                    "Done, running (budget %, step, ETA) or pending (docs/reproducibility.md, 'Progress of a "
+                    "running sweep').")
     _sweep_args(p)
     p.set_defaults(func=cmd_progress)
 
-    p = sub.add_parser("inspect", help="run a method's hooks on a batch file and write its weights")
+    p = _subcommand(sub, "inspect", "a method's token weights on a batch file",
+                    "Runs the method's hooks on a batch and writes its weights (the batch format: docs/inspect.md).")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")
-    p.add_argument("--batch", required=True, help="input batch JSON (format in the README)")
+    p.add_argument("--batch", required=True, help="input batch JSON (format: docs/inspect.md)")
     p.add_argument("--out", required=True, help="output JSON")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a method Config field (rho=0.1) or a step setting (ctx.aggregation=...)")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("new-method", help="scaffold methods/<name>.py, configs/method/<name>.yaml and a test")
+    p = _subcommand(sub, "new-method", "scaffold a new method, its config and test",
+                    "Writes methods/<name>.py, configs/method/<name>.yaml and tests/methods/test_<name>.py "
+                    "(README.md, 'Adding a method'; docs/methods.md).")
     p.add_argument("name")
     p.set_defaults(func=cmd_new_method)
     return parser

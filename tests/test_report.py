@@ -485,7 +485,8 @@ REPORT_DIR = REPO / "harness" / "report"
 STATISTICS_MODULES = ["scores", "training_noise", "intervals", "bootstrap"]  # numpy/scipy and each other only
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
 REPORT_MODULE_ORDER = [*STATISTICS_MODULES, "calibration", "power", "verdicts", "sequential", "evidence", "fidelity",
-                       "reported", "summary", "tables", "markdown", "html", "plots", "leaderboard"]
+                       "reported", "plan_power", "summary", "tables", "markdown", "html", "plots", "leaderboard",
+                       "across_sweeps"]
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -58,3 +58,47 @@ def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
     assert all(img["src"].startswith("data:image/png;base64,") for img in images)
     assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
     assert tables >= 5 and highlighted > 0
+
+
+def test_summary_html_renders_with_its_forest_plot_visible(tmp_path):
+    """``harness summarize``'s page: no console error, nothing fetched, the forest plot decoded and on screen."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from harness.report.across_sweeps import write_summary
+
+    example = Path(__file__).resolve().parent.parent / "results" / "example"
+    folder = shutil.copytree(example, tmp_path / "example",
+                             ignore=shutil.ignore_patterns("figures", "report.html", "metrics.jsonl"))
+    write_summary([Path(folder)], tmp_path / "summary")
+    page_file = tmp_path / "summary" / "summary.html"
+
+    errors, requests = [], []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.new_page()
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(page_file.as_uri(), wait_until="load")
+            figure = page.locator("#forest ~ figure img")
+            figure.scroll_into_view_if_needed()
+            decoded = figure.evaluate("img => ({complete: img.complete, width: img.naturalWidth, "
+                                      "src: img.src.slice(0, 30)})")
+            box = figure.bounding_box()
+            visible = figure.is_visible()
+            rows = page.locator("#forest ~ div.scroll").first.locator("tbody tr").count()
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "summary.png"), full_page=True)
+        finally:
+            context.close()
+
+    assert errors == []
+    assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
+    assert decoded["complete"] and decoded["width"] > 0 and decoded["src"].startswith("data:image/png;base64,")
+    assert visible and box["width"] > 300 and box["height"] > 100
+    assert rows == 7  # the table under the figure: one row per label of the example against its baseline

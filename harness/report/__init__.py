@@ -12,10 +12,12 @@ Modules, each importing only those before it (``tests/test_report.py`` checks th
   sequential      group-sequential stages of seeds: which claims are decided, which labels get more seeds
   evidence        reading a finished sweep (``Evidence``, failed runs, realised budget per checkpoint)
   reported        the papers' numbers (``configs/reported/<sweep>.yaml``)
+  plan_power      ``harness plan``'s sizing before spending: the effect a sweep's seeds detect, from a preset's prior
   summary         the statistics per checkpoint, method, benchmark and metric: the rows of ``leaderboard.csv``
   tables          cell formatting and the overview, per-benchmark and per-run tables
   markdown        ``leaderboard.md`` and the notes both pages show
   html            ``report.html``
   plots           the figures
   leaderboard     ``write_leaderboard``, what ``harness report`` runs: reads, computes, writes every file
+  across_sweeps   ``harness summarize``: one page (forest plot, claims, fidelity) across sweeps' leaderboard.json
 """

@@ -188,6 +188,42 @@ def seeds_needed(components: VarianceComponents, effect: float, power: float = P
     return None
 
 
+# --- a prior in place of a pilot, for ``harness plan`` (harness/report/plan_power.py) ------------------------------
+
+
+def sampling_part(accuracy: float, k: int) -> float:
+    """The residual variance of one paired-difference cell from sampling k completions per problem in each arm:
+    2 p (1 - p) / k at the benchmark's accuracy p (fraction), the arms taken at the same p (a small effect). Over
+    problems of accuracies q with mean p, E[q (1 - q)] <= p (1 - p) (Jensen), so this bounds the sampling part from
+    above. With k = 1 (a greedy answer) it bounds instead how a problem's one answer varies across training seeds."""
+    return 2 * accuracy * (1 - accuracy) / k
+
+
+def interaction_part(accuracy: float, logit_sd: float) -> float:
+    """The method x problem interaction's variance on one benchmark when the method moves each problem's log-odds by
+    its mean effect plus N(0, logit_sd^2): to first order a problem's accuracy q moves by q (1 - q) times the shift,
+    and E[(q (1 - q))^2] <= E[q (1 - q)] / 4 <= p (1 - p) / 4 (q (1 - q) <= 1/4; Jensen), so logit_sd^2 p (1 - p) / 4
+    bounds it from above at the benchmark's accuracy p."""
+    return logit_sd**2 * accuracy * (1 - accuracy) / 4
+
+
+def prior_components(accuracy: Mapping[str, float], n_problems: Mapping[str, int], k: int, seed_variance: float,
+                     n_labels: int, n_seeds: int, interaction_logit_sd: float = 0.0,
+                     external_df: float = 0.0) -> VarianceComponents:
+    """The components of a paired difference (method - baseline) before any run, from a prior instead of a pilot:
+    per benchmark the baseline's accuracy (fraction) and its problems, k samples per problem (1 for greedy), the
+    training noise of a paired difference on the benchmark mean (``seed_variance``, fraction^2; beyond the residual,
+    as ``training_noise.pooled_training_noise`` and an A/A calibration give it), and the sd in logits of the method x
+    problem interaction (0 for two labels of one method). Residual: ``sampling_part``; problem: ``interaction_part``.
+    The seed part's degrees of freedom are the report's, pooled over the sweep's ``n_labels`` labels,
+    (L - 1)(S - 1), plus ``external_df`` from an A/A calibration the report pools in (none for an assumed noise)."""
+    benches = sorted(n_problems)
+    return VarianceComponents(
+        seed_variance, {b: interaction_part(accuracy[b], interaction_logit_sd) for b in benches},
+        {b: sampling_part(accuracy[b], k) for b in benches}, {b: n_problems[b] for b in benches}, n_seeds,
+        df_per_seed=max(1, n_labels - 1), external_df=external_df)
+
+
 # --- a pilot sweep on disk, for ``harness power`` -----------------------------------------------------------------
 
 
