@@ -40,6 +40,8 @@ PAPER_SWEEPS = {
     "paper-rsi": ({"data": 1, "warmstart": 1, "train": 9, "eval": 37, "report": 1, "all": 1}, 4, 1),
     "paper-nat": ({"data": 1, "warmstart": 1, "train": 12, "eval": 25, "report": 1, "all": 1}, 8, 1),
     "published-checkpoints": ({"data": 1, "warmstart": 1, "fetch": 4, "eval": 5, "report": 1, "all": 1}, 0, 1),
+    # the project's own head-to-head (no paper): 8 labels x 10 seeds, 4 checkpoints each plus the warm start's eval
+    "head-to-head": ({"data": 1, "warmstart": 1, "train": 80, "eval": 321, "report": 1, "all": 1}, 4, 1),
 }
 
 

@@ -27,7 +27,8 @@ SWEEPS = CONFIG_DIR / "sweeps"
 QWEN2_0_5B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
               "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
               "max_position_embeddings": 32768}
-PAPER_SWEEPS = ("paper-8020", "paper-d3s", "paper-gmts", "paper-ktae", "paper-ktae-grpo", "paper-nat", "paper-rsi")
+PAPER_SWEEPS = ("paper-8020", "paper-d3s", "paper-gmts", "paper-ktae", "paper-ktae-grpo", "paper-nat", "paper-rsi",
+                "head-to-head")  # and the project's own GPU sweep
 
 
 @pytest.mark.parametrize(("model", "total", "non_embedding"), [

@@ -203,3 +203,14 @@ def test_a_malformed_prior_names_the_key(tmp_path):
         with pytest.raises(ConfigError, match=re.escape(key)):
             plan_power.load_prior(path)
     assert plan_power.load_prior(tmp_path / "absent.yaml") is None
+
+
+def test_the_head_to_head_has_the_fewest_seeds_that_detect_its_2_point_claims():
+    """configs/sweeps/head-to-head.yaml's seeds are what `harness plan` asks for from configs/priors/head-to-head.yaml:
+    no stand-in 2-point improvement claim is underpowered with them, every one is with a seed fewer."""
+    resolved = resolve(SWEEPS / "head-to-head.yaml", [])
+    n_seeds = len(resolved.sweep.seeds)
+    for seeds, flagged in ((n_seeds - 1, True), (n_seeds, False)):
+        _, underpowered = plan_power.plan_power_lines(power.with_seeds(resolved, seeds))
+        improvements = [line for line in underpowered if " beats uniform on mean over benchmarks by +2.00" in line]
+        assert len(improvements) == (6 if flagged else 0), (seeds, underpowered)

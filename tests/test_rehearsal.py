@@ -1,7 +1,7 @@
-"""Rehearsals of the paper sweeps (`harness rehearse`: harness/ops/rehearsal.py, rehearsal_setup.py): what a
-rehearsal keeps and what it replaces (fast), and, under the `rehearsal` marker, every paper sweep's rehearsal end to
-end through Snakemake on CPU with its checks (precision, weights moved, ledger against the budget's arithmetic,
-report, resume after a kill).
+"""Rehearsals of the GPU sweeps (`harness rehearse`: harness/ops/rehearsal.py, rehearsal_setup.py): what a
+rehearsal keeps and what it replaces (fast), and, under the `rehearsal` marker, the rehearsal of every paper sweep and
+of the head-to-head end to end through Snakemake on CPU with its checks (precision, weights moved, ledger against the
+budget's arithmetic, report, resume after a kill).
 """
 
 from pathlib import Path
@@ -14,6 +14,8 @@ from harness.ops import rehearsal, rehearsal_setup
 
 SWEEPS = REPO_ROOT / "configs" / "sweeps"
 PAPER_SWEEPS = sorted(p.stem for p in SWEEPS.glob("paper-*.yaml"))
+# every sweep that runs on GPUs is rehearsed: the paper sweeps and the project's own head-to-head of all methods
+GPU_SWEEPS = [*PAPER_SWEEPS, "head-to-head"]
 # what a rehearsal must not change: (dotted key of the resolved preset)
 KEPT = ("prompt_template", "model.dtype", "train.master_dtype", "train.learning_rate", "train.weight_decay",
         "train.warmup_steps", "train.max_grad_norm", "train.ppo_epochs", "train.clip_eps_low",
@@ -38,7 +40,7 @@ def rehearsal_of(sweep: str, tmp_path: Path, **kwargs):
                                            context_tokens=200, **kwargs)
 
 
-@pytest.mark.parametrize("sweep", PAPER_SWEEPS)
+@pytest.mark.parametrize("sweep", GPU_SWEEPS)
 def test_a_rehearsal_keeps_the_protocol_and_replaces_only_scale(sweep, tmp_path):
     paper = resolve(SWEEPS / f"{sweep}.yaml")
     plan = rehearsal_of(sweep, tmp_path)
@@ -108,7 +110,7 @@ def rehearsal_root(tmp_path_factory):
 
 
 @pytest.mark.rehearsal
-@pytest.mark.parametrize("sweep", PAPER_SWEEPS)
+@pytest.mark.parametrize("sweep", GPU_SWEEPS)
 def test_paper_sweep_rehearsal(sweep, rehearsal_root, capsys):
     assert rehearsal.rehearse(SWEEPS / f"{sweep}.yaml", rehearsal_root) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
