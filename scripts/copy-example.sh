@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copies a finished default sweep (results/default by default) to results/example/, the committed copy for reading:
-# the report, sweep.yaml, leaderboards and figures, every eval's results.json, each run's run.json and metrics.jsonl.
-# Not copied: per-problem samples (12 MB), checkpoints, logs, lm-eval's raw output.
+# the report, sweep.yaml, leaderboards and figures, every eval's results.json and its samples.jsonl gzip-compressed
+# (samples.jsonl.gz: the generations each number comes from), each run's run.json and metrics.jsonl.
+# Not copied: checkpoints, logs, lm-eval's raw output.
 #   bash scripts/copy-example.sh [SWEEP_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,9 @@ src=${1:-results/default}
 tmp=$(mktemp -d results/.example.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$src" && { ls report.html sweep.yaml leaderboard*; find figures -type f; find eval -name results.json;
-  find runs -mindepth 3 -maxdepth 3 \( -name run.json -o -name metrics.jsonl \); } | xargs cp --parents -t "$OLDPWD/$tmp")
+  find eval -name samples.jsonl; find runs -mindepth 3 -maxdepth 3 \( -name run.json -o -name metrics.jsonl \); } |
+  xargs cp --parents -t "$OLDPWD/$tmp")
+find "$tmp/eval" -name samples.jsonl -exec gzip -n -9 {} +  # -n: no name or time stamp, the same bytes every copy
 rm -rf results/example
 mv "$tmp" results/example
 echo "copy-example: results/example from $src ($(find results/example -type f | wc -l) files)"
