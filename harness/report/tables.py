@@ -243,7 +243,7 @@ def bottom_line(judged: list[Verdict], levels: list[BaselineLevel], n_seeds: int
         if iv is not None:
             line += f"; Δ {'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]"
         if v.detectable is not None:
-            line += f"; detects {pct(v.detectable)}"
+            line += "" if v.underpowered else f"; detects {pct(v.detectable)}"  # the headline says it otherwise
             if v.underpowered or not (v.headline.startswith(SETTLED) or v.undertrained):
                 line += settle_note(v, n_seeds)
         if level.mismatch:
