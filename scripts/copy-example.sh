@@ -2,7 +2,9 @@
 # Copies a finished default sweep (results/default by default) to results/example/, the committed copy for reading:
 # the report, sweep.yaml, leaderboards and figures, every eval's results.json and its samples.jsonl gzip-compressed
 # (samples.jsonl.gz: the generations each number comes from), each run's run.json and metrics.jsonl.
-# Not copied: checkpoints, logs, lm-eval's raw output.
+# Not copied: checkpoints, logs, lm-eval's raw output. The A/A calibration runs behind configs/calibration/tiny.json
+# (uniform seeds 2-7) come along only when `snakemake calibrate` ran in the source sweep; the committed ones date from
+# the calibration's commit (their run.json says which).
 #   bash scripts/copy-example.sh [SWEEP_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
