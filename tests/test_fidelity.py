@@ -136,3 +136,21 @@ def test_precision_reward_eval_protocol_and_budget_are_computed_from_the_config(
 def test_accel_seconds_budgets_show_their_wall_time_on_the_jobs_gpus():
     budget = rows_of("paper-8020")["budget"]
     assert budget.status == "unknown" and "691,200 device-seconds = 24.0 h on 8 training device(s)" in budget.ours
+
+
+def test_presets_train_as_the_official_runs_and_mark_what_the_harness_cannot_express():
+    # GMTS Framework1 steps plain AdamW over bf16 weights (no float32 copy): pure bf16 is the paper's regime there
+    gmts = rows_of("paper-gmts")
+    assert gmts["precision"].status == "match"
+    assert "bfloat16 master weights and AdamW state, bfloat16 compute" in gmts["precision"].ours
+    assert rows_of("paper-gmts", ["train.master_dtype=float32"])["precision"].status == "departure"
+    # 80/20: the script's 10 warm-up steps are 10 generation batches of 16 updates; the per-update ramp departs
+    warmup = rows_of("paper-8020")["warmup"]
+    assert warmup.status == "departure" and "train.warmup_steps=160; train.mini_batches=16" in warmup.ours
+    assert rows_of("paper-8020")["optimizer"].status == "match"
+    # KTAE: one template for training and evaluation (no training-only suffix), math-verify instead of verl's MATH
+    # scorer; the evaluation template and the reward scale still match
+    for sweep in ("paper-ktae", "paper-ktae-grpo"):
+        ktae = rows_of(sweep)
+        assert ktae["template"].status == ktae["train_grader"].status == "departure", sweep
+        assert ktae["reward"].status == "match" and "train.reward=math_verify" in ktae["train_grader"].ours, sweep

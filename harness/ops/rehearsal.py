@@ -3,9 +3,10 @@ at a scale a 2-core CPU runs in minutes, with checks that would have caught the 
 What it keeps and what it replaces, and the model and rows it runs: harness/ops/rehearsal_setup.py.
 
 Checked after the run (``check_rehearsal``, ``check_resume``): every job succeeded; each trained run's weights and
-AdamW state are float32 and the weights moved; its ledger counts what ``harness plan`` and the fidelity table say
-the budget is; the leaderboard, claims table, fidelity table and HTML report were written; one label's train job,
-killed with SIGKILL after its first trainer checkpoint and rerun, gives the uninterrupted run's metrics.
+AdamW state are in the preset's ``train.master_dtype`` (float32 partitions under ZeRO-3) and the weights moved; its
+ledger counts what ``harness plan`` and the fidelity table say the budget is; the leaderboard, claims table, fidelity
+table and HTML report were written; one label's train job, killed with SIGKILL after its first trainer checkpoint and
+rerun, gives the uninterrupted run's metrics.
 """
 
 from __future__ import annotations
@@ -104,13 +105,15 @@ def _run_problems(preset: PresetConfig, record: dict) -> list[str]:
     """A trained run's precision and its ledger against the budget's arithmetic."""
     problems = []
     precision = record.get("precision", {})
+    master = "float32" if preset.train.distributed == "deepspeed_zero3" else preset.train.master_dtype
     if preset.train.distributed == "deepspeed_zero3":
         problems += _zero3_problems(precision, record["budget"]["processes"])
-    elif precision.get("trainable_dtypes") != ["torch.float32"]:
-        problems.append(f"trainable weights are {precision.get('trainable_dtypes')}, not float32")
+    elif precision.get("trainable_dtypes") != [f"torch.{master}"]:
+        problems.append(f"trainable weights are {precision.get('trainable_dtypes')}, not {master} "
+                        f"(train.master_dtype)")
     states = precision.get("optimizer_state_dtypes") or []
-    if not states or not all(s.startswith("torch.float32") for s in states):
-        problems.append(f"optimizer state is {states}, not float32")
+    if not states or not all(s.startswith(f"torch.{master}") for s in states):
+        problems.append(f"optimizer state is {states}, not {master}")
     compute = {"bfloat16": "bf16", "float16": "fp16"}.get(preset.model.dtype, "no")
     if precision.get("mixed_precision") != compute:
         problems.append(f"mixed precision {precision.get('mixed_precision')!r}, the preset computes in {compute!r}")
