@@ -38,13 +38,13 @@ def timed(completions: list[str], golds: list[str], workers: int) -> tuple[float
     return t.wall, scores
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[2])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--copies", type=int, default=1)
     add_path_args(parser, workdir=False)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     env = environment(args.cpu_free_flag)
     completions, golds = batch(args.copies)
     variants = [1, *args.workers]
@@ -67,7 +67,7 @@ def main() -> None:
                 f"{sum(s.timed_out for s in reference)}), {args.repeats} interleaved repeats; the same scores from "
                 f"every pool size. Time per batch: median seconds, and pool / one worker.\n\n"
                 + table(["workers", "items", "seconds", "pool / one worker"], rows))
-    publish(args.results, NAME, {"environment": env, "items": len(completions), "repeats": args.repeats,
+    return publish(args.results, NAME, {"environment": env, "items": len(completions), "repeats": args.repeats,
                                  "seconds": {str(w): s for w, s in seconds.items()},
                                  "ratios": {str(w): r for w, r in ratios.items()}, "correct": correct}, markdown)
 
