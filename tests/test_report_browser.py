@@ -5,6 +5,7 @@ page must be self-contained, so network access is refused outright and any reque
 a data URI fails the test.
 """
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,19 +23,14 @@ pytestmark = [
 ]
 
 
-def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
+@contextmanager
+def opened(page_file: Path, profile: Path, errors: list, requests: list):
+    """``page_file`` loaded in headless chromium; console errors and every requested URL appended to the lists."""
     from playwright.sync_api import sync_playwright
 
-    from harness.report.leaderboard import write_leaderboard
-
-    resolved, paths = build_sweep(tmp_path)
-    write_leaderboard(resolved, paths, n_resamples=300)
-    page_file = paths.root / "report.html"
-
-    errors, requests = [], []
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1400, "height": 1000})
         try:
             page = context.new_page()
@@ -42,15 +38,27 @@ def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.on("request", lambda request: requests.append(request.url))
             page.goto(page_file.as_uri(), wait_until="load")
-            images = page.eval_on_selector_all(
-                "img", "imgs => imgs.map(i => ({src: i.src.slice(0, 30), complete: i.complete, "
-                       "width: i.naturalWidth}))")
-            tables = page.locator("table").count()
-            highlighted = page.locator(".tokens .tok[title*='weight']").count()
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+            yield page
         finally:
             context.close()
+
+
+def test_report_html_renders_without_errors_and_all_images_load(tmp_path):
+    from harness.report.leaderboard import write_leaderboard
+
+    resolved, paths = build_sweep(tmp_path)
+    write_leaderboard(resolved, paths, n_resamples=300)
+    page_file = paths.root / "report.html"
+
+    errors, requests = [], []
+    with opened(page_file, tmp_path / "chromium-profile", errors, requests) as page:
+        images = page.eval_on_selector_all(
+            "img", "imgs => imgs.map(i => ({src: i.src.slice(0, 30), complete: i.complete, "
+                   "width: i.naturalWidth}))")
+        tables = page.locator("table").count()
+        highlighted = page.locator(".tokens .tok[title*='weight']").count()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
 
     assert errors == []
     assert len(images) >= 4
@@ -64,8 +72,6 @@ def test_summary_html_renders_with_its_forest_plot_visible(tmp_path):
     """``harness summarize``'s page: no console error, nothing fetched, the forest plot decoded and on screen."""
     import shutil
 
-    from playwright.sync_api import sync_playwright
-
     from harness.report.across_sweeps import write_summary
 
     example = Path(__file__).resolve().parent.parent / "results" / "example"
@@ -75,27 +81,16 @@ def test_summary_html_renders_with_its_forest_plot_visible(tmp_path):
     page_file = tmp_path / "summary" / "summary.html"
 
     errors, requests = [], []
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000})
-        try:
-            page = context.new_page()
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("request", lambda request: requests.append(request.url))
-            page.goto(page_file.as_uri(), wait_until="load")
-            figure = page.locator("#forest ~ figure img")
-            figure.scroll_into_view_if_needed()
-            decoded = figure.evaluate("img => ({complete: img.complete, width: img.naturalWidth, "
-                                      "src: img.src.slice(0, 30)})")
-            box = figure.bounding_box()
-            visible = figure.is_visible()
-            rows = page.locator("#forest ~ div.scroll").first.locator("tbody tr").count()
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "summary.png"), full_page=True)
-        finally:
-            context.close()
+    with opened(page_file, tmp_path / "chromium-profile", errors, requests) as page:
+        figure = page.locator("#forest ~ figure img")
+        figure.scroll_into_view_if_needed()
+        decoded = figure.evaluate("img => ({complete: img.complete, width: img.naturalWidth, "
+                                  "src: img.src.slice(0, 30)})")
+        box = figure.bounding_box()
+        visible = figure.is_visible()
+        rows = page.locator("#forest ~ div.scroll").first.locator("tbody tr").count()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "summary.png"), full_page=True)
 
     assert errors == []
     assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
