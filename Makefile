@@ -20,7 +20,7 @@ sweep: setup
 	snakemake --cores $(CORES) --printshellcmds
 
 test: setup
-	pytest -q
+	pytest -q --durations=25
 
 lint: setup
 	ruff check .

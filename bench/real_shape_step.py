@@ -98,16 +98,25 @@ def run_shapes(preset, scale: str) -> Shapes:
     length = prompt + TINY_COMPLETION_TOKENS
     tiny = dataclasses.replace(arch, **TINY_DIMENSIONS, num_key_value_heads=min(arch.num_key_value_heads, 2),
                                max_position_embeddings=length, source=f"{arch.source}, scaled down (--scale tiny)")
-    micro = (max(length, round(train.loss_micro_batch_tokens * length / tokens)) if train.loss_micro_batch_tokens
-             else 0)
+    def scaled_tokens(value: int) -> int:  # a token count of the real lengths, at the tiny ones (0 stays 0)
+        return max(length, round(value * length / tokens)) if value else 0
+
     scaled = dataclasses.replace(train, max_completion_length=TINY_COMPLETION_TOKENS, vllm_max_model_length=length,
-                                 loss_micro_batch_tokens=micro)
+                                 loss_micro_batch_tokens=scaled_tokens(train.loss_micro_batch_tokens),
+                                 forward_chunk_tokens=scaled_tokens(train.forward_chunk_tokens),
+                                 backward_chunk_tokens=scaled_tokens(train.backward_chunk_tokens))
     return Shapes(tiny, scaled, prompt, TINY_COMPLETION_TOKENS)
 
 
-def default_rows(train) -> int:
-    """Two backward chunks; one prompt group when the backward is not chunked."""
-    return 2 * train.backward_chunk_rows if train.backward_chunk_rows else train.num_generations
+def default_rows(shapes: Shapes) -> int:
+    """Two backward chunks of full-length rows; one prompt group when the backward is not chunked."""
+    from harness.config.memory import chunk_tokens
+
+    train, row_tokens = shapes.train, shapes.prompt_tokens + shapes.completion_tokens
+    if not (train.backward_chunk_rows or train.backward_chunk_tokens):
+        return train.num_generations
+    rows = train.backward_chunk_rows or train.num_generations
+    return 2 * (chunk_tokens(rows, train.backward_chunk_tokens, row_tokens) // row_tokens)
 
 
 # --- analytic figures ----------------------------------------------------------------------------------------------
@@ -317,7 +326,7 @@ def measure(args) -> dict:
     preset = resolved.preset
     shapes = run_shapes(preset, args.scale)
     train = shapes.train
-    rows = args.rows or default_rows(train)
+    rows = args.rows or default_rows(shapes)
     spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
     method = get_method_class(spec.name)(spec.params)
     reference_needed = train.beta > 0 or "ref_logp" in method.needs
@@ -330,7 +339,8 @@ def measure(args) -> dict:
               "architecture": dataclasses.asdict(shapes.arch), "parameters": shapes.arch.parameters, "rows": rows,
               "prompt_tokens": shapes.prompt_tokens, "completion_tokens": shapes.completion_tokens,
               "settings": {key: getattr(train, key) for key in (
-                  "forward_chunk_rows", "backward_chunk_rows", "stats_chunk_size", "padding_free", "share_prompts",
+                  "forward_chunk_rows", "backward_chunk_rows", "forward_chunk_tokens", "backward_chunk_tokens",
+                  "stats_chunk_size", "padding_free", "share_prompts",
                   "activation_checkpointing", "master_dtype", "mini_batches", "ppo_epochs",
                   "loss_micro_batch_tokens", "learning_rate", "weight_decay", "max_grad_norm", "distributed",
                   "launcher")} | {"compute_dtype": preset.model.dtype, "reference_model": reference_needed},

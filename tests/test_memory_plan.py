@@ -13,6 +13,7 @@ from harness.config.memory import (
     ARCHITECTURES,
     GIB,
     architecture,
+    chunk_tokens,
     gpu_memory,
     grad_chunk_bytes,
     layer_activation_bytes,
@@ -119,9 +120,21 @@ def test_harness_plan_prints_the_peak_and_fails_on_a_preset_that_does_not_fit(ca
     out = capsys.readouterr().out
     assert "peak memory per device (Qwen/Qwen3-8B-Base" in out and "train: 73.7 GiB of 80 (fits" in out
     assert "7.4 sequences of 22528 tokens" in out
-    assert main(["plan", "--sweep", str(SWEEPS / "paper-8020.yaml"), "--set", "train.forward_chunk_rows=16"]) == 2
+    assert main(["plan", "--sweep", str(SWEEPS / "paper-8020.yaml"), "--set", "train.forward_chunk_rows=16",
+                 "--set", "train.forward_chunk_tokens=0"]) == 2
     err = capsys.readouterr().err
     assert "rule train: peak" in err and "no-grad forward chunk of 16 row(s)" in err
+    # the preset's token cap: 64 rows of which at most 4 full-length ones (90,112 tokens); 16 at full length fail
+    assert main(["plan", "--sweep", str(SWEEPS / "paper-8020.yaml"), "--set",
+                 f"train.forward_chunk_tokens={16 * 22528}"]) == 2
+    assert f"no-grad forward chunk of up to {16 * 22528} tokens" in capsys.readouterr().err
+
+
+def test_a_token_cap_bounds_a_chunk_at_the_cap_or_one_longer_row():
+    assert chunk_tokens(16, 0, 1000) == 16_000  # rows alone
+    assert chunk_tokens(16, 4500, 1000) == 4500  # 4 full rows fit; shorter rows fill up to the cap
+    assert chunk_tokens(16, 500, 1000) == 1000  # a row longer than the cap runs alone
+    assert chunk_tokens(2, 4500, 1000) == 2000  # the row cap binds first
 
 
 def test_cpu_presets_have_no_gpu_rule_to_size():

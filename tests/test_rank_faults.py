@@ -20,7 +20,7 @@ import torch
 
 from harness.config.schema import TrainConfig
 from harness.model.checkpoints import load_policy
-from harness.train.actor import Actor, NonFiniteLossError, every_process, update_schedule
+from harness.train.actor import UNPACKABLE, Actor, NonFiniteLossError, every_process, update_schedule
 from harness.train.budget import ModelShape, StepAccounting
 from harness.train.hooks import new_rollout_batch, prepare_batch
 from harness.train.rollout_inputs import reduced_inputs
@@ -189,6 +189,29 @@ def test_no_rollout_kept_on_another_process_raises_on_every_process():
         TargetedGRPOTrainer._require_kept_tokens(trainer, False)
     trainer.processes.theirs = torch.tensor([0.0])
     TargetedGRPOTrainer._require_kept_tokens(trainer, False)
+
+
+class UnpackableElsewhere(SecondProcess):
+    """Process 1 found rows the padding-free forward cannot pack: its count arrives flagged in ``max``."""
+
+    def max(self, value: int) -> int:
+        return max(value, UNPACKABLE + 1)
+
+
+def test_rows_another_process_cannot_pack_raise_here_before_any_forward(tiny_model_dir):
+    # packed_rows would raise on process 1 alone, in the middle of its forwards, leaving this one in a weight gather
+    actor, model, inputs = actor_and_inputs(tiny_model_dir, UnpackableElsewhere(torch.zeros(1)), Uniform())
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with pytest.raises(ValueError, match=r"not one contiguous run.*\(none of this process's rows\); set "
+                                         r"train.padding_free=false"):
+        actor.policy_loss(model, inputs, StepContext(max_completion_length=6, process_index=0))
+    assert not calls
+    inputs["completion_mask"][0, 2] = 0  # this process's own hole: its count in the message
+    actor.processes = SecondProcess(torch.zeros(1))
+    with pytest.raises(ValueError, match=r"\(1 row\(s\) of this process\)"):
+        actor.policy_loss(model, inputs, StepContext(max_completion_length=6, process_index=0))
+    assert not calls
 
 
 # --- two processes for real ---------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_the_analytic_figure_of_the_run_is_the_plans_training_step_at_one_proces
     preset = resolve(SWEEPS / "paper-ktae.yaml").preset
     shapes = run_shapes(preset, "real")
     assert (shapes.prompt_tokens, shapes.completion_tokens) == (1024, 3072)  # vllm_max_model_length 4096
-    rows = default_rows(shapes.train)
+    rows = default_rows(shapes)
     assert rows == 16
     figures = analytic_figures(preset, shapes, rows, run_reference=False, plan_reference=False)
     plan = figures["plan_training_parts"]

@@ -15,6 +15,7 @@ from harness.config.schema import PresetConfig
 from harness.model.checkpoints import load_policy
 from harness.train.actor import loss_config
 from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX, reduced_inputs
+from harness.train.row_chunks import chunk_plan
 from harness.train.trl import TOUCH_POINTS, TRL_VERSION
 from harness.train.trl.settings import grpo_config
 from harness.train.trl.trainer import TargetedGRPOTrainer
@@ -228,6 +229,30 @@ def test_backward_in_row_chunks_gives_the_same_loss_and_gradient(tiny_model_dir,
     assert chunked_ledger.flops["train"] > whole_ledger.flops["train"]
 
 
+@pytest.mark.parametrize("method, beta", [("entropy", 0.0), ("gmts", 0.1)])
+def test_chunks_sized_by_tokens_give_the_same_loss_and_gradient(tiny_model_dir, tmp_path, method, beta):
+    # raw_inputs' rows are 8, 6, 7 and 4 tokens long (prompt + completion); a 12-token cap makes uneven chunks
+    # [[3, 1], [2], [0]]
+    # (tests/test_row_chunks.py), forward and backward; the method still ranks its tokens over the whole batch
+    def loss_and_grads(**overrides):
+        trainer, model = make_trainer(tiny_model_dir, tmp_path, method=method, beta=beta, **overrides)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        model.zero_grad()
+        inputs = loss_inputs(trainer, seed=2)
+        loss = policy_loss(trainer, model, inputs)
+        trainer.accelerator.backward(loss)
+        return loss.detach(), grads(model), inputs
+
+    whole_loss, whole_grads, inputs = loss_and_grads()
+    assert [c.tolist() for c in chunk_plan(inputs, 16, 12)] == [[3, 1], [2], [0]]
+    chunked_loss, chunked_grads, _ = loss_and_grads(forward_chunk_tokens=12, backward_chunk_tokens=12)
+    torch.testing.assert_close(chunked_loss, whole_loss, rtol=1e-5, atol=1e-7)
+    for a, b in zip(chunked_grads, whole_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("beta, chunk_rows, mini_batches", [(0.0, 0, 1), (0.1, 0, 1), (0.1, 1, 1), (0.1, 0, 2)])
 def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_gradient(tiny_model_dir, tmp_path,
                                                                                           beta, chunk_rows,
@@ -272,7 +297,7 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     def skipped(rows_per_chunk):  # logit positions not computed; a chunk without a sampled token still runs one
         # (every position: each row's completion tokens up to its last real one, the padding-free forward)
         return sum(int(packed_rows(c).valid.sum()) - max(int(sampled[c.rows].sum()), 1)
-                   for c in row_chunks(inputs, rows_per_chunk))
+                   for c in row_chunks(inputs, chunk_plan(inputs, rows_per_chunk)))
 
     head = forward_flops(trainer.accounting.model_shape, 0, 1, 0)  # 2 N_head per logit position
     # forward + backward over forward_chunk_rows = 2 rows; with backward chunks, a no-grad pass over those and the

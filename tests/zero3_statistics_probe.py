@@ -8,7 +8,7 @@ Modes:
 - ``calls``: the model as it is (no wrapper); forward pre-hooks count the calls of the LM head module and of the
   first decoder layer in each pass: a no-grad pass (pi_old), a pass with grad and its backward, and
   ``Actor.policy_loss`` in backward row chunks (a no-grad pass, then a forward + backward per chunk). Then the same
-  again (recorded under ``without_idle``) with ``Actor._row_chunks_behind`` forced to 0: each process runs only its
+  again (recorded under ``without_idle``) with ``Actor._chunks_behind`` forced to 0: each process runs only its
   own row chunks, as before the processes agreed on their number, and the counts differ (the test checks that too).
 - ``ddp``: the model under DistributedDataParallel, ``accumulating`` = its ``no_sync``; a comm hook counts the
   gradient all-reduces of a pass with grad and of ``Actor.policy_loss`` in backward row chunks: the chunks must
@@ -230,7 +230,7 @@ def main(out: Path, mode: str) -> None:
         processes.backward(actor.policy_loss(target, inputs, ctx))
         record["allreduces"] = {"one_backward": one_backward, "chunked": len(allreduces) - before}
     if mode == "calls":
-        Actor._row_chunks_behind = lambda self, rows, rows_per_chunk: 0
+        Actor._chunks_behind = lambda self, chunks, inputs: 0
         record["without_idle"] = passes(actor, target, inputs, counter, step)
     dist.barrier()
     (out / f"process-{rank}.json").write_text(json.dumps(record))

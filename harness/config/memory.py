@@ -17,13 +17,14 @@ A training process holds (``training_memory``):
 - the reference model (``train.beta`` > 0 or a method that reads ``ref_logp``), in ``model.dtype``: whole under ddp,
   sharded under ZeRO-3 / FSDP;
 - the largest activations of one step, the larger of (a) the chunk that carries a gradient:
-  ``train.backward_chunk_rows`` rows (the whole mini-batch of the process when 0), each up to the longest
+  ``train.backward_chunk_rows`` rows (the whole mini-batch of the process when 0; with ``backward_chunk_tokens``,
+  no more tokens than that, or one row when a row is longer: ``chunk_tokens``), each up to the longest
   prompt + completion (``train.vllm_max_model_length``, else the model's context), with activation checkpointing
   each layer's input kept plus one layer recomputed with its gradients, without it every layer's activations; and
-  (b) a no-grad forward chunk of ``train.forward_chunk_rows`` rows (the statistics pass before chunked backward,
-  pi_old, pi_ref): one layer's MLP at a time; both plus the statistics head's ``stats_chunk_size`` x vocab float32
-  logits; or, when larger, the end of the backward, where the input embedding's gradient is built while every other
-  gradient exists;
+  (b) a no-grad forward chunk of ``train.forward_chunk_rows`` rows (``forward_chunk_tokens`` likewise; the
+  statistics pass before chunked backward, pi_old, pi_ref): one layer's MLP at a time; both plus the statistics
+  head's ``stats_chunk_size`` x vocab float32 logits; or, when larger, the end of the backward, where the input
+  embedding's gradient is built while every other gradient exists;
 - with colocated vLLM (``train.vllm_mode=colocate`` on cuda), the share ``train.vllm_gpu_memory_utilization`` of the
   device that vLLM reserves at start and keeps: training gets the rest. Inside that share vLLM holds its weights
   (``model.dtype``), ``VLLM_OVERHEAD_GIB`` of profile-run activations and CUDA graphs, and the KV cache;
@@ -261,6 +262,19 @@ def sequence_tokens(preset, arch: Architecture) -> int:
     return preset.train.vllm_max_model_length or arch.max_position_embeddings or preset.train.max_completion_length
 
 
+def chunk_tokens(rows: int, tokens_cap: int, row_tokens: int) -> int:
+    """The most tokens a row chunk of at most ``rows`` rows holds under a token cap (``train.*_chunk_tokens``, 0 =
+    none) with rows of up to ``row_tokens``: rows x length stays within the cap (activations grow with the tokens, so
+    rows of any length up to the longest reach at most the cap), and a row longer than the cap runs alone."""
+    most = rows * row_tokens
+    return most if not tokens_cap else min(most, max(tokens_cap, row_tokens))
+
+
+def chunk_shape(rows: int, tokens: int, row_tokens: int) -> str:
+    """A chunk's label: 'N row(s) (T tokens)', or 'up to T tokens' when a token cap holds fewer full-length rows."""
+    return f"{rows} row(s) ({tokens} tokens)" if tokens == rows * row_tokens else f"up to {tokens} tokens"
+
+
 def training_memory(preset, arch: Architecture, needs_reference: bool) -> DeviceMemory:
     """The train rule's peak per training process (module docstring)."""
     train, res = preset.train, preset.resources
@@ -295,9 +309,10 @@ def training_memory(preset, arch: Architecture, needs_reference: bool) -> Device
     tokens = sequence_tokens(preset, arch)
     rows = per_device_rollouts(train, processes) // train.mini_batches
     grad_rows = train.backward_chunk_rows if 0 < train.backward_chunk_rows < rows else rows
-    grad_tokens = grad_rows * tokens
+    grad_tokens = chunk_tokens(grad_rows, train.backward_chunk_tokens, tokens)
     grad_chunk = grad_chunk_bytes(arch, grad_tokens, residual, compute, train.activation_checkpointing)
-    nograd_tokens = min(train.forward_chunk_rows, rows) * tokens
+    nograd_rows = min(train.forward_chunk_rows, rows)
+    nograd_tokens = chunk_tokens(nograd_rows, train.forward_chunk_tokens, tokens)
     nograd_chunk = nograd_chunk_bytes(arch, nograd_tokens, residual, compute)
     head = head_bytes(arch, train.stats_chunk_size, compute)
     notes = [f"{engine} over {processes} training process(es), {master}-byte masters, {compute}-byte compute; "
@@ -306,10 +321,10 @@ def training_memory(preset, arch: Architecture, needs_reference: bool) -> Device
     if end_of_backward > max(grad_chunk, nograd_chunk) + head:
         parts["end of backward: embedding gradient"] = end_of_backward
     elif grad_chunk >= nograd_chunk:
-        parts[f"activations: backward chunk of {grad_rows} row(s) ({grad_tokens} tokens)"] = grad_chunk + head
+        parts[f"activations: backward chunk of {chunk_shape(grad_rows, grad_tokens, tokens)}"] = grad_chunk + head
     else:
-        parts[f"activations: no-grad forward chunk of {min(train.forward_chunk_rows, rows)} row(s) "
-              f"({nograd_tokens} tokens)"] = nograd_chunk + head
+        parts[f"activations: no-grad forward chunk of {chunk_shape(nograd_rows, nograd_tokens, tokens)}"] = (
+            nograd_chunk + head)
     notes.append(f"backward chunk {grad_chunk / GIB:.1f} GiB, no-grad forward chunk {nograd_chunk / GIB:.1f} GiB, "
                  f"statistics head {head / GIB:.2f} GiB")
     parts["CUDA context (assumed)"] = CUDA_CONTEXT_GIB * GIB
@@ -375,8 +390,8 @@ def memory_problems(preset, needs_reference: bool | None = None) -> list[str]:
             largest = sorted(m.parts, key=m.parts.get, reverse=True)[:2]
             shown = ", ".join(f"{name} {m.parts[name] / GIB:.1f} GiB" for name in largest)
             if m.rule == "train":
-                advice = ("lower train.backward_chunk_rows / train.forward_chunk_rows (activations grow with rows x "
-                          "tokens) or train.vllm_gpu_memory_utilization")
+                advice = ("lower train.backward_chunk_rows / train.forward_chunk_rows or set train.*_chunk_tokens "
+                          "(activations grow with rows x tokens) or train.vllm_gpu_memory_utilization")
                 if preset.train.distributed == "ddp":
                     advice += ", or shard the policy (train.distributed=deepspeed_zero3)"
             else:

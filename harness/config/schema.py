@@ -245,6 +245,10 @@ class TrainConfig:
     stats_chunk_size: int = setting(256, "positions per chunk of the LM head when computing token statistics", low=1)
     forward_chunk_rows: int = setting(
         16, "rows per forward chunk; rows sorted by length, each chunk trimmed to its longest", low=1)
+    forward_chunk_tokens: int = setting(
+        0, "> 0: a forward chunk also holds no more rows than fit this many tokens (rows x its longest prompt + "
+        "completion; a longer row runs alone): short rollouts run many to a chunk, long ones few, at a bounded peak "
+        "(harness plan sizes the worst case); 0 = rows only", low=0)
     padding_free: bool = setting(
         True, "pack each forward chunk's real tokens into one sequence (no padding computed in projections and MLPs; "
         "harness/train/row_chunks.py); false = each chunk padded to its longest row")
@@ -255,6 +259,9 @@ class TrainConfig:
     backward_chunk_rows: int = setting(
         0, "rows per backward pass: > 0 keeps only that many rows' activations alive (one more no-grad forward over "
         "the batch gives the method its statistics first); 0 = one backward over the process's whole batch", low=0)
+    backward_chunk_tokens: int = setting(
+        0, "> 0: a backward chunk also holds no more rows than fit this many tokens (as forward_chunk_tokens; with "
+        "backward_chunk_rows = 0 the token cap alone chunks the backward); 0 = rows only", low=0)
     activation_checkpointing: bool = setting(
         True, "recompute activations in the backward pass (TRL's default): saves GPU memory at long lengths, costs "
         "time; the tiny preset turns it off (its step time on CPU: bench/step_overhead.py)")

@@ -37,9 +37,20 @@ from harness.train.hooks import (
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.micro_batches import balanced_micro_batches, micro_batch_count, micro_batch_row_scales
 from harness.train.rollout_inputs import OLD_LOGP, REF_LOGP, rollout_batch_of
-from harness.train.row_chunks import RowChunk, packed_rows, row_chunks, split_by_prompt_groups, statistics_by_row_chunks
+from harness.train.row_chunks import (
+    RowChunk,
+    chunk_plan,
+    packed_rows,
+    row_chunks,
+    rows_not_packable,
+    split_by_prompt_groups,
+    statistics_by_row_chunks,
+)
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics, packed_model_token_statistics
 from methods.base import Method, StepContext, TokenStats, TokenWeights
+
+UNPACKABLE = 1 << 40  # added to a process's chunk count in ``Actor._chunks_behind``'s all-reduce: it found rows
+# the padding-free forward cannot pack (far above any count of chunks)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -141,18 +152,18 @@ class Actor:
 
     def statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str, backward: bool,
                    loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Token statistics (B, T) of the whole batch, computed ``train.forward_chunk_rows`` rows at a time; their
-        FLOPs go to ``phase`` (x3 when a backward follows). ``loss_positions`` (B, T) bool: the LM head runs only
-        there (``Method.loss_positions``).
+        """Token statistics (B, T) of the whole batch, computed in row chunks (``train.forward_chunk_rows``,
+        ``train.forward_chunk_tokens``: ``chunk_plan``); their FLOPs go to ``phase`` (x3 when a backward follows).
+        ``loss_positions`` (B, T) bool: the LM head runs only there (``Method.loss_positions``).
 
         Every process runs as many model forwards as the process with the most row chunks (ZeRO-3 and FSDP gather
         each layer's weights in every forward, so the counts must agree; processes differ in rows when methods drop
         rollouts): one with fewer runs ``_idle_forward`` for each chunk it lacks, on the graph with grad (its logp x
         0.0 added to the statistics: a following backward reaches it with exactly zero). With one process: none,
         and no collective."""
-        rows = self.train.forward_chunk_rows
-        behind = self._row_chunks_behind(inputs["completion_ids"].shape[0], rows)  # agreed before any forward
-        stats = statistics_by_row_chunks(inputs, rows, lambda chunk: (
+        plan = chunk_plan(inputs, self.train.forward_chunk_rows, self.train.forward_chunk_tokens)
+        behind = self._chunks_behind(len(plan), inputs)  # agreed before any forward
+        stats = statistics_by_row_chunks(inputs, plan, lambda chunk: (
             self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
         for _ in range(behind):
             idle = self._idle_forward(model, inputs["completion_ids"])
@@ -160,20 +171,28 @@ class Actor:
                 stats["logp"] = stats["logp"] + 0.0 * idle.sum()
         return stats
 
-    def _most_rows(self, rows: int) -> int:
-        """The most rows any process has (``rows``, this process's, with one process: no collective)."""
+    def _most_chunks(self, plan: list[torch.Tensor]) -> int:
+        """The most row chunks any process's ``plan`` has (this process's count with one process: no collective)."""
         if self.processes is None or self.processes.num_processes == 1:
-            return rows
-        return self.processes.max(rows)
+            return len(plan)
+        return self.processes.max(len(plan))
 
-    def _row_chunks_behind(self, rows: int, rows_per_chunk: int) -> int:
-        """How many fewer row chunks of ``rows_per_chunk`` this process's ``rows`` make than the most any process
-        has: 0 with one process, else one all-reduce, which every process must reach before its forwards (one
-        still in a forward would pair its weight gathers with this all-reduce)."""
-        own = -(-rows // rows_per_chunk)
-        if self.processes is None or self.processes.num_processes == 1:
-            return 0
-        return self.processes.max(own) - own
+    def _chunks_behind(self, chunks: int, inputs: dict) -> int:
+        """How many fewer row chunks this process has (``chunks``) than the most any process has, in one
+        all-reduce that every process must reach before its forwards (one still in a forward would pair its weight
+        gathers with it); 0 and no collective with one process. Rows that the padding-free forward cannot pack
+        (``rows_not_packable``) on any process raise the same error on every process here, before any forward: a
+        process raising alone would leave the others waiting in a collective."""
+        unpackable = rows_not_packable(inputs) if self.train.padding_free else 0
+        flagged = chunks + (UNPACKABLE if unpackable else 0)
+        single = self.processes is None or self.processes.num_processes == 1
+        most = flagged if single else self.processes.max(flagged)
+        if most >= UNPACKABLE:
+            own = f"{unpackable} row(s) of this process" if unpackable else "none of this process's rows"
+            raise ValueError(f"padding-free forward: a training process holds rows whose attention mask is not one "
+                             f"contiguous run of real tokens ({own}); set train.padding_free=false to forward such "
+                             "rows padded")
+        return 0 if single else most - chunks
 
     def _idle_forward(self, model, like: torch.Tensor) -> torch.Tensor:
         """logp (1, 1) of one model forward over two tokens (id 0: a one-token prompt and completion, on ``like``'s
@@ -256,10 +275,10 @@ class Actor:
         (``skip_optimizer_step``, ``_skip_nonfinite_step``)."""
         started = time.perf_counter()
         batch = rollout_batch_of(inputs, self.special_token_ids)
-        chunk_rows = self.train.backward_chunk_rows
+        plan = self._backward_plan(inputs)
         # decided over the processes: one taking the one-forward path while another chunks would run fewer
         # forwards and backwards (ZeRO-3 pairs their collectives); with one process: no collective
-        in_chunks = bool(chunk_rows) and self._most_rows(batch.completion_mask.shape[0]) > chunk_rows
+        in_chunks = plan is not None and self._most_chunks(plan) > 1
         positions = self.method.loss_positions(batch, ctx)  # (B, T) bool or None: the LM head runs only there
         with torch.no_grad() if in_chunks else nullcontext():
             stats = self.token_stats(model, inputs, backward=not in_chunks, loss_positions=positions)
@@ -270,7 +289,7 @@ class Actor:
         mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
         config = loss_config(self.train, ctx)
         if in_chunks:
-            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, chunk_rows, positions)
+            loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, plan, positions)
         else:
             loss, metrics = loss_of_rows(stats.logp, loss_inputs, config)
         self._log_step_metrics(stats, result, metrics, mask, started, computed)
@@ -318,17 +337,26 @@ class Actor:
         self.log("loss/kl_denominator", float(total[1]))
         return with_global_denominators(loss_inputs, total[0], total[1], processes)
 
+    def _backward_plan(self, inputs: dict) -> list[torch.Tensor] | None:
+        """The row chunks of the chunked backward (``train.backward_chunk_rows``, ``backward_chunk_tokens``; rows
+        alone: all of this process's rows), or None when neither is set."""
+        rows, tokens = self.train.backward_chunk_rows, self.train.backward_chunk_tokens
+        if not (rows or tokens):
+            return None
+        return chunk_plan(inputs, rows or max(inputs["completion_ids"].shape[0], 1), tokens)
+
     def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
-                                 chunk_rows: int, loss_positions: torch.Tensor | None = None,
+                                 plan: list[torch.Tensor], loss_positions: torch.Tensor | None = None,
                                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of the whole batch with activations of only ``chunk_rows`` rows alive at a time: each row chunk
-        runs forward + backward with its share of the loss (its rows' terms over the whole batch's denominators),
+        """The loss of the whole batch with activations of only one row chunk alive at a time: each row chunk
+        of ``plan`` runs forward + backward with its share of the loss (its rows' terms over the whole batch's
+        denominators),
         gradients accumulating, synchronised across processes only in the last backward, which the caller runs on
         the returned loss. Returns the whole loss's value (with the last chunk's graph) and the batch's metrics.
         A process with fewer row chunks than another first runs an ``_idle_forward`` and a backward of 0.0 on it for
         each it lacks: every process runs as many forwards and backwards (``statistics``)."""
-        chunks = list(row_chunks(inputs, chunk_rows))
-        for _ in range(self._row_chunks_behind(inputs["completion_ids"].shape[0], chunk_rows)):
+        chunks = list(row_chunks(inputs, plan))
+        for _ in range(self._chunks_behind(len(plan), inputs)):
             with self.processes.accumulating(model):  # first: the caller's last backward is a real chunk's
                 idle = self._idle_forward(model, inputs["completion_ids"])
                 self.processes.backward(0.0 * idle.sum())

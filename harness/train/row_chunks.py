@@ -1,16 +1,17 @@
 """Rows of a batch in chunks, each trimmed to its own longest row or packed without padding, and statistics
 stitched back to (B, T); and the split of a generation batch into mini-batches of whole prompt groups.
 
-The training forward runs ``train.forward_chunk_rows`` rows at a time (and the backward ``backward_chunk_rows``).
-Rows are sorted by length first, so each chunk holds rows of similar length and is cut to its longest prompt and
-longest kept completion: what a method truncated (NAT's prefix cutting) is not computed even when other rows of
-the batch are longer. With ``train.padding_free`` (the default) a chunk is packed (``packed_rows``): its rows'
-real tokens are concatenated into one sequence, so the projections and MLPs of every layer run on real tokens only
-and a method that shortens rows saves in proportion even when a chunk holds rows of very different kept lengths
-(``harness.train.token_statistics.packed_attention_forward`` keeps attention within each row). With
-``train.share_prompts`` (the default) the rollouts of one prompt in a chunk share one copy of its prompt, so a
-GRPO group of G rollouts computes its prompt once, not G times. Pure torch: the trainer passes the function that
-computes one chunk's statistics.
+The training forward runs ``train.forward_chunk_rows`` rows at a time (and the backward ``backward_chunk_rows``),
+and, with ``train.forward_chunk_tokens`` (``backward_chunk_tokens``), no more rows than fit that many padded tokens:
+short rows run many to a chunk, long ones few (``chunk_plan``). Rows are sorted by length first, so each chunk holds
+rows of similar length and is cut to its longest prompt and longest kept completion: what a method truncated (NAT's
+prefix cutting) is not computed even when other rows of the batch are longer. With ``train.padding_free`` (the
+default) a chunk is packed (``packed_rows``): its rows' real tokens are concatenated into one sequence, so the
+projections and MLPs of every layer run on real tokens only and a method that shortens rows saves in proportion even
+when a chunk holds rows of very different kept lengths (``harness.train.token_statistics.packed_attention_forward``
+keeps attention within each row). With ``train.share_prompts`` (the default) the rollouts of one prompt in a chunk
+share one copy of its prompt, so a GRPO group of G rollouts computes its prompt once, not G times. Pure torch: the
+trainer passes the function that computes one chunk's statistics.
 """
 
 from __future__ import annotations
@@ -113,14 +114,39 @@ def _prompt_owners(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch
     return first_row.scatter_reduce(0, group, rows, reduce="amin")[group]
 
 
-def row_chunks(inputs: dict, rows_per_chunk: int) -> Iterator[RowChunk]:
-    """Chunks of at most ``rows_per_chunk`` rows of TRL's batch dict (left-padded ``prompt_ids``/``prompt_mask``,
-    right-padded ``completion_ids``/``completion_mask``), shortest rows first."""
+def chunk_plan(inputs: dict, rows_per_chunk: int, tokens_per_chunk: int = 0) -> list[torch.Tensor]:
+    """The row chunks of TRL's batch dict (left-padded ``prompt_ids``/``prompt_mask``, right-padded
+    ``completion_ids``/``completion_mask``) as row indices, shortest rows first: a chunk takes the next row while it
+    holds fewer than ``rows_per_chunk`` rows and, with ``tokens_per_chunk`` > 0, while its padded size (rows x
+    (longest prompt + longest completion), the shape a padded forward computes and a bound of the packed one's)
+    stays within ``tokens_per_chunk``; a row longer than that gets a chunk to itself. Pure arithmetic on the masks:
+    every process knows its count before any forward."""
     prompt_lengths = inputs["prompt_mask"].sum(dim=1)
-    positions = torch.arange(1, inputs["completion_mask"].shape[1] + 1, device=prompt_lengths.device)
-    completion_lengths = (inputs["completion_mask"] * positions).amax(dim=1).long().clamp(min=1)
+    completion_lengths = _completion_lengths(inputs["completion_mask"])
     order = torch.argsort(prompt_lengths + completion_lengths, stable=True)
-    for rows in order.split(rows_per_chunk):
+    if not tokens_per_chunk:
+        return list(order.split(rows_per_chunk))
+    plan, start, prompt_width, completion_width = [], 0, 0, 0
+    for end, (p, c) in enumerate(zip(prompt_lengths[order].tolist(), completion_lengths[order].tolist(), strict=True)):
+        width = max(prompt_width, p) + max(completion_width, c)
+        if end > start and (end - start == rows_per_chunk or (end - start + 1) * width > tokens_per_chunk):
+            plan.append(order[start:end])
+            start, prompt_width, completion_width = end, 0, 0
+        prompt_width, completion_width = max(prompt_width, p), max(completion_width, c)
+    return plan + [order[start:]]
+
+
+def _completion_lengths(completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) position of each row's last real completion token + 1, at least 1."""
+    positions = torch.arange(1, completion_mask.shape[1] + 1, device=completion_mask.device)
+    return (completion_mask * positions).amax(dim=1).long().clamp(min=1)
+
+
+def row_chunks(inputs: dict, plan: list[torch.Tensor]) -> Iterator[RowChunk]:
+    """The chunks of ``plan`` (``chunk_plan``), each cut to its longest prompt and longest kept completion."""
+    prompt_lengths = inputs["prompt_mask"].sum(dim=1)
+    completion_lengths = _completion_lengths(inputs["completion_mask"])
+    for rows in plan:
         prompt_width, completion_width = int(prompt_lengths[rows].max()), int(completion_lengths[rows].max())
         prompt_cols = slice(inputs["prompt_ids"].shape[1] - prompt_width, None)  # prompts are left-padded
         input_ids = torch.cat([inputs["prompt_ids"][rows, prompt_cols],
@@ -130,12 +156,24 @@ def row_chunks(inputs: dict, rows_per_chunk: int) -> Iterator[RowChunk]:
         yield RowChunk(rows, input_ids, attention_mask, completion_width)
 
 
-def statistics_by_row_chunks(inputs: dict, rows_per_chunk: int,
+def rows_not_packable(inputs: dict) -> int:
+    """How many rows' masks are not one contiguous run (a left-padded prompt, a completion mask that is a prefix up
+    to its last real token): what ``packed_rows`` refuses, known before any forward."""
+    prompt_mask, completion_mask = inputs["prompt_mask"].bool(), inputs["completion_mask"].bool()
+    prompt_ok = (prompt_mask[:, 1:] >= prompt_mask[:, :-1]).all(dim=1)  # once real, real to the end
+    last = _completion_lengths(completion_mask)  # (B,)
+    before_last = torch.arange(completion_mask.shape[1], device=last.device)[None, :] < last[:, None]
+    completion_ok = (completion_mask | ~before_last).all(dim=1) | ~completion_mask.any(dim=1)
+    return int((~(prompt_ok & completion_ok)).sum())
+
+
+def statistics_by_row_chunks(inputs: dict, plan: list[torch.Tensor],
                              statistics_of: Callable[[RowChunk], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """{name: (B, T)} assembled from ``statistics_of`` each chunk ({name: (b, T')}), zero past each chunk's width."""
+    """{name: (B, T)} assembled from ``statistics_of`` each chunk of ``plan`` ({name: (b, T')}), zero past each
+    chunk's width."""
     T = inputs["completion_ids"].shape[1]
     pieces, order = [], []
-    for chunk in row_chunks(inputs, rows_per_chunk):
+    for chunk in row_chunks(inputs, plan):
         stats = statistics_of(chunk)
         pieces.append({k: torch.nn.functional.pad(v, (0, T - chunk.completion_width)) for k, v in stats.items()})
         order.append(chunk.rows)
