@@ -40,10 +40,10 @@ if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
     SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
     SWEEP_FILE.write_text(_sweep_text)
 # What every job of this DAG runs: the resolved sweep (preset and method specs included) in a file named by its
-# digest, never rewritten, so a later parse cannot change a running sweep's jobs; it names this checkout, whose code
-# the jobs must run (harness/config/snapshot.py). Each rule passes it as params.sweep, a Path: Snakemake does not
-# record a Path among a job's params, so whether a job reruns is decided by its own digest (cfg) and inputs, not by
-# every change anywhere in the sweep.
+# digest, never changed (a copy edited by hand is written again), so a later parse cannot change a running sweep's
+# jobs; it names this checkout, whose code the jobs must run (harness/config/snapshot.py). Each rule passes it as
+# params.sweep, a Path: Snakemake does not record a Path among a job's params, so whether a job reruns is decided by
+# its own digest (cfg) and inputs, not by every change anywhere in the sweep.
 SNAPSHOT = write_snapshot(RESOLVED, Path(workflow.basedir), PATHS.snapshots_dir)
 HARNESS = "harness {cmd} --sweep {{params.sweep:q}}"
 # Jobs find `harness` (and `accelerate`) next to the interpreter running Snakemake, whatever PATH the shell that

@@ -67,6 +67,9 @@ def test_nan_and_infinity_are_refused_with_their_key(capsys, tmp_path, override,
     ("train=5", "key 'train': Merge error"),
     ("eval.benchmarks.arith=3", "key 'eval.benchmarks.arith': "),
     ("seeds=3", "key 'seeds': expected a list"),
+    ("seeds=[9223372036854775808]", "key 'seeds': seed 9223372036854775808 gives the run seeds"),
+    ("seeds=[4294967295]", "{'uniform-aa': 4294967395}, but run seeds must be below 4294967296"),
+    ("eval.seed=4294967296", "key 'eval.seed': 4294967296 is outside the allowed range [0, 4294967295]"),
 ])
 def test_bad_sweep_values_are_refused_with_their_key(capsys, tmp_path, override, expected):
     assert expected in refused(capsys, tmp_path, override)
@@ -124,6 +127,122 @@ def test_a_sweep_name_and_results_path_with_spaces_are_quoted_in_every_job_comma
         assert sweep_file.is_relative_to(root), command
         log = Path(words[words.index(">") + 1])
         assert log.is_relative_to(root / "logs"), command
+
+
+def _sweep_with(tmp_path, **sections) -> Path:
+    """The default sweep with ``sections`` merged into it (one level deep), as a file."""
+    raw = yaml.safe_load(DEFAULT_SWEEP.read_text())
+    for key, value in sections.items():
+        raw[key] = {**(raw.get(key) or {}), **value}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", "with space", "dot.ted"])
+def test_a_benchmark_name_that_is_not_a_label_name_is_refused(capsys, tmp_path, name):
+    sweep = _sweep_with(tmp_path, eval={"benchmarks": {name: {"file": "data/benchmarks/amc23.jsonl"}}})
+    message = refused(capsys, tmp_path, sweep=sweep)
+    assert f"key 'eval.benchmarks': names [{name!r}] may hold only letters, digits, '_' and '-'" in message
+
+
+ROW = {"id": "r1", "problem": "What is 1+1?", "answer": "2"}
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (json.dumps({"id": "r1", "problem": "1+1"}) + "\n", ":1: required key 'answer' is missing"),
+    (json.dumps(ROW) + "\n" + json.dumps({**ROW, "id": "r2", "answer": " "}) + "\n", ":2: required key 'answer' is "
+                                                                                       "empty"),
+    ("\ufeff" + json.dumps(ROW) + "\n", ":1: starts with a UTF-8 byte order mark (BOM)"),
+    ("", ": has no rows (0 bytes)"),
+    ("\n\n", ": has no rows (2 bytes)"),
+    (json.dumps(ROW) + "\n{not json\n", ":2: malformed JSON"),
+    (json.dumps(ROW) + "\n[1, 2]\n", ":2: expected a JSON object, got list"),
+    (json.dumps(ROW) + "\n" + json.dumps({**ROW, "problem": "2+2"}) + "\n", ": ids ['r1'] repeat"),
+])
+def test_an_unusable_benchmark_file_is_refused_at_resolve_naming_file_key_and_line(capsys, tmp_path, content,
+                                                                                    expected):
+    bench = tmp_path / "mine.jsonl"
+    bench.write_text(content, encoding="utf-8")
+    sweep = _sweep_with(tmp_path, eval={"benchmarks": {"mine": {"file": str(bench)}}})
+    message = refused(capsys, tmp_path, sweep=sweep)
+    assert f"key 'eval.benchmarks.mine.file': {bench}{expected}" in message
+
+
+def test_a_training_file_holding_benchmark_problems_is_refused_naming_both_files_and_the_count(capsys, tmp_path):
+    bench = REPO_ROOT / "data" / "benchmarks" / "amc23.jsonl"
+    rows = [json.loads(line) for line in bench.read_text().splitlines()]
+    train = tmp_path / "train.jsonl"
+    copied = [{**row, "problem": "  " + row["problem"].upper().replace(" ", "\n")} for row in rows[:3]]  # retyped
+    train.write_text("".join(json.dumps(row) + "\n" for row in [*copied, {**ROW, "id": "own"}]))
+    sweep = _sweep_with(tmp_path, data={"kind": "jsonl", "train_file": str(train)},
+                        eval={"benchmarks": {"amc23": {"file": "data/benchmarks/amc23.jsonl"}}})
+    message = refused(capsys, tmp_path, sweep=sweep)
+    assert (f"key 'eval.benchmarks.amc23.file': 3 of the 40 problems of {bench} are also in the training file "
+            f"{train} (key 'data.train_file'): the runs would train on the test set") in message
+
+
+def test_a_benchmark_used_as_the_training_file_is_refused(capsys, tmp_path):
+    message = refused(capsys, tmp_path, "data.kind=mixed", "data.train_file=data/benchmarks/gsm8k.jsonl",
+                      "eval.benchmarks.gsm8k={file: data/benchmarks/gsm8k.jsonl, limit: 20}")
+    assert "key 'eval.benchmarks.gsm8k.file': 20 of the 20 problems of" in message
+
+
+def test_no_shipped_training_file_shares_a_problem_with_a_shipped_benchmark():
+    """Every preset's local data passes the overlap check whatever the preset pairs (hub presets fall back to
+    data/train/math_train.jsonl with data.kind=jsonl)."""
+    from harness.config.inputs import rows_index
+
+    trained = {p: {key for _, key in rows_index(p)} for p in (REPO_ROOT / "data" / "train").glob("*.jsonl")}
+    for bench in (REPO_ROOT / "data" / "benchmarks").glob("*.jsonl"):
+        for train, keys in trained.items():
+            assert not [key for _, key in rows_index(bench) if key in keys], (bench.name, train.name)
+
+
+def test_hub_presets_resolve_with_their_shipped_training_file():
+    for sweep in ("head-to-head", "paper-8020"):
+        resolved = resolve(CONFIG_DIR / "sweeps" / f"{sweep}.yaml", ["data.kind=jsonl"])
+        assert resolved.preset.data.train_file == "data/train/math_train.jsonl"
+
+
+def test_run_seeds_stay_below_the_colocated_vllm_engines_bound():
+    from harness.config.rules import VLLM_ENGINE_SEEDS_PER_RUN
+    from harness.train.trl.vllm import ENGINE_SEEDS_PER_RUN
+
+    assert VLLM_ENGINE_SEEDS_PER_RUN == ENGINE_SEEDS_PER_RUN
+    vllm = ["train.use_vllm=true", "train.vllm_device=cpu"]
+    resolve(DEFAULT_SWEEP, ["seeds=[65435]", *vllm])  # uniform-aa (offset 100) runs seed 65535
+    with pytest.raises(ConfigError, match=r"key 'seeds': .*\{'uniform-aa': 65536\}, but run seeds must be below "
+                                          r"65536: .*colocated vLLM engine i is seeded with run seed x 2\*\*16 \+ i"):
+        resolve(DEFAULT_SWEEP, ["seeds=[65436]", *vllm])
+
+
+def test_an_edited_snapshot_is_written_again_by_the_next_parse(tmp_path):
+    """The refusal of an edited snapshot says that running snakemake again fixes it: the next parse (the
+    Snakefile's write_snapshot) restores the file."""
+    from harness.config.snapshot import load_snapshot, write_snapshot
+
+    resolved = resolve(DEFAULT_SWEEP)
+    snapshot = write_snapshot(resolved, REPO_ROOT, tmp_path / "sweeps")
+    snapshot.write_text(snapshot.read_text().replace('"learning_rate": ', '"learning_rate": 1', 1))
+    with pytest.raises(ConfigError, match="run snakemake again"):
+        load_snapshot(snapshot)
+    assert write_snapshot(resolved, REPO_ROOT, tmp_path / "sweeps") == snapshot
+    assert load_snapshot(snapshot) == resolved
+
+
+def test_an_empty_benchmark_file_fails_its_eval_job_before_any_model_work(tmp_path):
+    from harness.config.schema import BenchmarkConfig, EvalConfig
+    from harness.data.files import DataFileError, write_sha256sums
+    from harness.evaluation.driver import evaluate_benchmark
+
+    data_file = tmp_path / "data" / "eval.jsonl"  # a generated file ({data_dir}) is not read at resolve
+    data_file.parent.mkdir()
+    data_file.write_text("")
+    write_sha256sums(data_file.parent, [data_file])
+    with pytest.raises(DataFileError, match="eval.jsonl: benchmark 'arith' has no rows"):
+        evaluate_benchmark(tmp_path / "no-model-here", "arith", BenchmarkConfig(file="x", scorer="numeric"),
+                           data_file, EvalConfig(), "tiny", tmp_path / "eval")
 
 
 def _break_a_method_module(tmp_path, monkeypatch, source: str) -> Path:

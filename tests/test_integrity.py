@@ -101,8 +101,8 @@ def test_the_train_digest_covers_the_method_name_and_seed_offset():
 
 def test_user_data_and_benchmark_files_are_inputs_of_the_jobs_that_read_them(tmp_path):
     train_file, bench_file = tmp_path / "mine_train.jsonl", tmp_path / "mine_bench.jsonl"
-    for path in (train_file, bench_file):
-        path.write_text(json.dumps({"id": "a", "problem": "1+1", "answer": "2", "solution": "2"}) + "\n")
+    for path, problem in ((train_file, "1+1"), (bench_file, "1+2")):  # distinct: a shared problem is refused
+        path.write_text(json.dumps({"id": "a", "problem": problem, "answer": "2", "solution": "2"}) + "\n")
     sweep = sweep_file(tmp_path, data={"kind": "mixed", "train_file": str(train_file)},
                        eval={"benchmarks": {"mine": {"file": str(bench_file), "scorer": "numeric"}}})
     run = snakemake(REPO_ROOT / "Snakefile", tmp_path, sweep, "-n")

@@ -4,7 +4,9 @@ Overrides come as dotted ``key=value`` strings (CLI ``--set``, Snakemake ``--con
 mappings (Snakemake ``--config 'train={learning_rate: 1e-4}'``).
 
 Every error names the file, the dotted key and what is allowed: unknown keys, wrong types, values out of their
-declared choices or range (``harness/config/declaration.py``), broken rules across keys (``harness/config/rules.py``).
+declared choices or range (``harness/config/declaration.py``), broken rules across keys (``harness/config/rules.py``),
+unusable local input files: empty, malformed rows, a benchmark's problems in the training file
+(``harness/config/inputs.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.config.declaration import declared_problems
+from harness.config.inputs import input_file_problems
 from harness.config.paths import CONFIG_DIR, REPO_ROOT
-from harness.config.rules import check_launch, missing_input_files, non_finite_keys, section_problems, sweep_problems
+from harness.config.rules import (
+    check_launch,
+    missing_input_files,
+    non_finite_keys,
+    section_problems,
+    seed_problems,
+    sweep_problems,
+)
 from harness.config.schema import (
     PRESET_SECTIONS,
     REQUIRED_SWEEP_KEYS,
@@ -151,11 +161,14 @@ def resolve(sweep: str | Path | dict, overrides: list[str] | None = None) -> Res
         known = sorted(p.stem for p in (CONFIG_DIR / "preset").glob("*.yaml"))
         raise ConfigError(f"{source}: key 'preset': no preset {sweep_cfg.preset!r}; known presets: {known}")
     preset_cfg = merge_config(PresetConfig, [(str(preset_file), load_yaml(preset_file)), (source, preset_part)])
-    missing_files = missing_input_files(preset_cfg)
-    if missing_files:
-        raise ConfigError(f"{source} (preset {preset_file}): " + "; ".join(missing_files))
+    bad_files = missing_input_files(preset_cfg) or input_file_problems(preset_cfg)  # content once they are there
+    if bad_files:
+        raise ConfigError(f"{source} (preset {preset_file}): " + "; ".join(bad_files))
     specs = [load_method(label, search_dirs=sweep_cfg.method_config_dirs)  # fail at start, not mid-sweep
              for label in sweep_cfg.methods]
+    bad_seeds = seed_problems(sweep_cfg.seeds, specs, preset_cfg)
+    if bad_seeds:
+        raise ConfigError(f"{source}: " + "; ".join(bad_seeds))
     check_launch(preset_cfg, [s for s in specs if s.checkpoint], sweep_cfg.seeds, source)
     return Resolved(sweep_cfg, preset_cfg, source, {s.label: s for s in specs})
 

@@ -22,6 +22,7 @@ from harness.config.schema import (
     BudgetConfig,
     ConfigError,
     DataConfig,
+    EvalConfig,
     HubDataConfig,
     MethodSpec,
     PresetConfig,
@@ -97,7 +98,20 @@ def _train_problems(train: TrainConfig) -> list[str]:
     return problems
 
 
-SECTION_RULES = {DataConfig: _data_problems, BudgetConfig: _budget_problems,
+def unusable_names(names: list[str]) -> list[str]:
+    """The names that are not a method label's kind of name (``LABEL_PATTERN``): one path component, no quoting."""
+    return [name for name in names if not re.fullmatch(LABEL_PATTERN, name)]
+
+
+def _eval_problems(eval_cfg: EvalConfig) -> list[str]:
+    bad = unusable_names(list(eval_cfg.benchmarks))
+    if bad:
+        return [f"key 'eval.benchmarks': names {bad} may hold only letters, digits, '_' and '-', as method labels "
+                "(each is a folder name under the sweep's eval/)"]
+    return []
+
+
+SECTION_RULES = {DataConfig: _data_problems, BudgetConfig: _budget_problems, EvalConfig: _eval_problems,
                  RewardValuesConfig: _reward_values_problems, TrainConfig: _train_problems}
 
 
@@ -127,7 +141,7 @@ def sweep_problems(sweep: SweepConfig) -> list[str]:
     if not SWEEP_NAME.fullmatch(sweep.name):
         problems.append(f"key 'name': {sweep.name!r} must be one folder name (no '/', no control characters, not "
                         "starting with '.')")
-    bad = [label for label in sweep.methods if not re.fullmatch(LABEL_PATTERN, label)]
+    bad = unusable_names(sweep.methods)
     if bad:
         problems.append(f"key 'methods': labels {bad} may hold only letters, digits, '_' and '-' (they are file "
                         "names and Snakemake wildcards)")
@@ -143,6 +157,31 @@ def sweep_problems(sweep: SweepConfig) -> list[str]:
     if negative:
         problems.append(f"key 'seeds': {negative} are negative (seeds are non-negative integers)")
     return problems
+
+
+SEED_LIMIT = 2**32  # numpy's RandomState (seeded by transformers, accelerate, lm-eval and vLLM) takes no more
+VLLM_ENGINE_SEEDS_PER_RUN = 1 << 16  # harness/train/trl/vllm.py ENGINE_SEEDS_PER_RUN (a test keeps the two equal)
+
+
+def run_seed_limit(preset: PresetConfig) -> tuple[int, str]:
+    """(bound, why): every run seed (sweep seed + the label's seed_offset) must be below the bound. TRL seeds each
+    training process with run seed + its index; a colocated vLLM engine gets run seed x 2**16 + its index."""
+    train = preset.train
+    if train.use_vllm and train.vllm_mode == "colocate":
+        return SEED_LIMIT // VLLM_ENGINE_SEEDS_PER_RUN, "colocated vLLM engine i is seeded with run seed x 2**16 + i"
+    processes = max(training_processes(preset), 1)
+    return SEED_LIMIT - processes + 1, f"TRL seeds training process i with run seed + i ({processes} processes)"
+
+
+def seed_problems(seeds: list[int], specs: list[MethodSpec], preset: PresetConfig) -> list[str]:
+    """Run seeds that numpy's seeding would refuse in every train job of the sweep (``run_seed_limit``)."""
+    limit, why = run_seed_limit(preset)
+    largest = max(seeds, default=0)
+    over = {spec.label: largest + spec.seed_offset for spec in specs if largest + spec.seed_offset >= limit}
+    if not over:
+        return []
+    return [f"key 'seeds': seed {largest} gives the run seeds (seed + the label's seed_offset) {over}, but run seeds "
+            f"must be below {limit}: numpy takes seeds below 2**32, and {why}"]
 
 
 def missing_input_files(preset: PresetConfig) -> list[str]:

@@ -347,7 +347,7 @@ class EvalConfig:
     max_gen_toks: int = setting(48, "tokens per answer, at most", low=1)
     greedy: bool = setting(True, "also score one greedy answer per problem")
     batch_size: int = setting(64, "generation batch size", low=1)
-    seed: int = setting(1234, "sampling seed")
+    seed: int = setting(1234, "sampling seed (lm-eval and vLLM seed numpy with it)", low=0, high=2**32 - 1)
     stop: list[str] | None = setting(
         None, "stop strings of every generation (the model's EOS always stops too); null = the prompt template's "
         "(harness/data/prompts.py STOP_SEQUENCES); [] = EOS and max_gen_toks only (KTAE's Dr.GRPO evaluation)")

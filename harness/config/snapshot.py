@@ -2,10 +2,11 @@
 whether a job reruns (the Snakefile's digests) or a run resumes (``harness.train.run.run_key``).
 
 The Snakefile resolves the sweep once (sweep file, ``--config`` overrides, preset and method YAMLs) and writes the
-result to ``results/<sweep>/sweeps/<digest>.json``, named by the digest of its own text and never rewritten. Every
-job is handed that path: it reads no sweep, preset or method YAML, so a later parse (another ``--config``, an edited
-preset) cannot switch the jobs of a running sweep. ``load_snapshot`` refuses a file whose text no longer has its
-name's digest, and one written by the Snakefile of another checkout than the code reading it.
+result to ``results/<sweep>/sweeps/<digest>.json``, named by the digest of its own text (rewritten only to undo a
+change by hand). Every job is handed that path: it reads no sweep, preset or method YAML, so a later parse (another
+``--config``, an edited preset) cannot switch the jobs of a running sweep. ``load_snapshot`` refuses a file whose
+text no longer has its name's digest (the next parse writes it again), and one written by the Snakefile of another
+checkout than the code reading it.
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ def snapshot_text(resolved: Resolved, checkout: Path) -> str:
 
 
 def write_snapshot(resolved: Resolved, checkout: Path, folder: Path) -> Path:
-    """``folder/<digest>.json``: written once (atomically, so that two parses at once write one whole file), never
-    rewritten, since its name is the digest of its text."""
+    """``folder/<digest>.json``: written atomically (so that two parses at once write one whole file); since its
+    name is the digest of its text it is rewritten only when that text was changed by hand (``load_snapshot``
+    refuses such a file: the next parse restores it)."""
     text = snapshot_text(resolved, checkout)
     path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]}.json"
-    if not path.is_file():
+    if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         staging.write_text(text)
@@ -73,7 +75,7 @@ def load_snapshot(path: Path) -> Resolved:
     if actual != Path(path).stem:
         raise ConfigError(f"{path}: its text has digest {actual}, not the {Path(path).stem} of its name: it was "
                           "changed after the Snakefile wrote it. A job runs only the configuration its DAG was "
-                          "built from: run snakemake again to resolve the sweep anew")
+                          "built from: run snakemake again, which resolves the sweep anew and writes the file again")
     content = json.loads(text)
     if content.get("format") != FORMAT:
         raise ConfigError(f"{path}: key 'format' is {content.get('format')!r}, not {FORMAT!r}: not a resolved sweep "

@@ -47,7 +47,7 @@ from typing import Any
 from harness.config.launch import require_vllm_cpu_build
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import BenchmarkConfig, EvalConfig
-from harness.data.files import read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
+from harness.data.files import DataFileError, read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BASE_TASK = TASKS_DIR / "_default_template_yaml"
@@ -373,6 +373,8 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     data_sha256 = verify_checksum(data_file)  # before any model work: a corrupt file fails in seconds
     (out_dir / "results.json").unlink(missing_ok=True)  # results.json present <=> this run finished
     rows = read_jsonl(data_file)
+    if not rows:  # metrics of no problems would all be None
+        raise DataFileError(f"{data_file}: benchmark {bench_name!r} has no rows")
     if bench.limit > 0:
         rows = rows[:bench.limit]
     if len({r["id"] for r in rows}) != len(rows):
