@@ -1,5 +1,7 @@
 """Chunked token statistics equal the naive full-softmax ones, values and gradients."""
 
+import copy
+
 import pytest
 import torch
 
@@ -155,21 +157,48 @@ def statistics_and_gradients(compute, hidden, lm_head, targets, chunk_size, auto
 @pytest.mark.parametrize("chunk_size", [7, 64, 1000])
 def test_one_head_call_gives_the_bits_of_per_chunk_head_calls(chunk_size, bias, autocast):
     # values and gradients (hidden, weight, bias) bit-identical to the per-chunk head calls, under bf16 autocast
-    # too, with one chunk and with several
+    # too, with one chunk and with several; except the weight's and bias's gradients under autocast with several
+    # chunks, which the per-chunk calls sum in bf16 and the one call in float32 (next test)
     torch.manual_seed(0)
     lm_head = torch.nn.Linear(16, 97, bias=bias)
     hidden, targets = torch.randn(3, 40, 16), torch.randint(97, (3, 40))
-
-    def ours(h, head, t, names, temperature, size):
-        return token_statistics(h, head, t, names[1:], temperature, size)
 
     new, new_grads = statistics_and_gradients(ours, hidden, lm_head, targets, chunk_size, autocast)
     old, old_grads = statistics_and_gradients(per_chunk_head_calls, hidden, lm_head, targets, chunk_size, autocast)
     for name in old:
         assert torch.equal(new[name], old[name]), name
     assert len(new_grads) == len(old_grads) == 2 + bias
-    for a, b in zip(new_grads, old_grads, strict=True):
-        assert torch.equal(a, b)
+    summed_in_float32 = autocast and chunk_size < 120
+    for i, (a, b) in enumerate(zip(new_grads, old_grads, strict=True)):
+        assert torch.equal(a, b) or (summed_in_float32 and i > 0)
+
+
+def ours(h, head, t, names, temperature, size):
+    return token_statistics(h, head, t, names[1:], temperature, size)
+
+
+@pytest.mark.parametrize("dtype", ["autocast", "bfloat16"])
+def test_the_head_sums_its_weight_gradient_over_chunks_in_float32(dtype):
+    # 2048 positions in 128 chunks: under bf16 autocast (float32 masters) or with bf16 weights (ZeRO-3's module),
+    # autograd summed the chunks' weight gradients in bf16; against float64, the one call's weight and bias
+    # gradients are several times closer (measured: 0.076 vs 0.38 and 0.028 vs 0.40 under autocast), the hidden
+    # states' gradient the same bits
+    torch.manual_seed(0)
+    lm_head = torch.nn.Linear(64, 512)
+    hidden, targets = torch.randn(1, 2048, 64), torch.randint(512, (1, 2048))
+    reference_head = copy.deepcopy(lm_head).double()
+    _, reference = statistics_and_gradients(per_chunk_head_calls, hidden.double(), reference_head, targets, 16, False)
+    autocast = dtype == "autocast"
+    if not autocast:
+        lm_head, hidden = lm_head.bfloat16(), hidden.bfloat16()
+    _, new = statistics_and_gradients(ours, hidden, lm_head, targets, 16, autocast)
+    _, old = statistics_and_gradients(per_chunk_head_calls, hidden, copy.deepcopy(lm_head), targets, 16, autocast)
+    assert torch.equal(new[0], old[0])
+    for ours_grad, bf16_sum, exact in zip(new[1:], old[1:], reference[1:], strict=True):
+        assert ours_grad.dtype == bf16_sum.dtype == lm_head.weight.dtype
+        ours_error = float((ours_grad.double() - exact).abs().max())
+        assert ours_error < float((bf16_sum.double() - exact).abs().max()) / 3
+        assert ours_error < 0.02 * float(exact.abs().max())
 
 
 def test_the_head_module_is_called_once_in_forward_and_backward():

@@ -30,14 +30,15 @@ trainer make the same agreement one level up: ``Actor.statistics`` runs as many 
 (``harness.train.actor``).
 
 Numerics: inside the one call the chunks run exactly what the per-chunk head calls ran (``F.linear`` on the head's
-weight and bias, as nn.Linear computes it, under the same checkpointing), so values and gradients are the same bits
-as before, under autocast too (the matmul in the autocast dtype, as nn.Linear's; checkpointing restores the
-forward's autocast state in its recomputation). The weight's per-chunk gradients still reach it one by one, summed
-by autograd in the same order (so under autocast, with more than one chunk, they are summed in bf16 into autocast's
-cached bf16 copy of the weight, as nn.Linear called per chunk did). Tied embeddings: the head's weight is the
-embedding's, and its gradient adds to the embedding's as before. Backward under ZeRO-3: its pre-backward hook on
-the head's output gathers the weight once before any chunk is recomputed; the post-backward hook on the head's
-input releases it after the last.
+weight and bias, as nn.Linear computes it, under the same checkpointing), so values and the hidden states' gradients
+are the same bits as before, under autocast too (the matmul in the autocast dtype, as nn.Linear's). In float32 the
+weight's per-chunk gradients reach it one by one, summed by autograd. Where the head computes in bf16 (autocast over
+float32 masters, or ZeRO-3's bf16 module) autograd would sum them in bf16, rounding the running sum at every chunk
+(thousands per forward at the papers' lengths), so there ``HeadInFloat32Sum`` sums them in float32 and rounds once
+(against float64 on 128 chunks: 5x closer for the weight, 14x for the bias; tests/test_tokenstats.py). Tied
+embeddings: the head's weight is the embedding's, and its gradient adds to the embedding's as before. Backward
+under ZeRO-3: its pre-backward hook on the head's output gathers the weight once before any chunk is recomputed;
+the post-backward hook on the head's input releases it after the last.
 
 Padding-free (``train.padding_free``, ``packed_model_token_statistics``): a row chunk's real tokens run as one
 sequence (``harness.train.row_chunks.packed_rows``); the LM head gets only the hidden states that predict completion
@@ -101,7 +102,13 @@ def _chunked_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
                         chunk_size: int) -> tuple[torch.Tensor, ...]:
     """(N, H) hidden, (N,) targets -> (logp, *extras), each (N,), ``chunk_size`` positions at a time. With grad,
     each chunk runs under activation checkpointing (non-reentrant: backward recomputes its logits under the
-    forward's autocast state), so no chunk's logits outlive it."""
+    forward's autocast state), so no chunk's logits outlive it; where the head computes in a lower precision than
+    float32 (autocast, or bf16 weights), ``HeadInFloat32Sum`` does the same and sums the weight's per-chunk
+    gradients in float32."""
+    compute = _head_compute_dtype(hidden, weight)
+    if compute != torch.float32 and torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        stacked = HeadInFloat32Sum.apply(hidden, weight, bias, targets, temperature, extras, chunk_size, compute)
+        return tuple(stacked[:, i] for i in range(1 + len(extras)))
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
         args = (hidden[start:start + chunk_size], weight, bias, targets[start:start + chunk_size], temperature,
@@ -110,6 +117,59 @@ def _chunked_statistics(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
         pieces.append(checkpoint(_position_chunk_statistics, *args, use_reentrant=False) if use_checkpoint
                       else _position_chunk_statistics(*args))
     return tuple(torch.cat([piece[i] for piece in pieces]) for i in range(1 + len(extras)))
+
+
+def _head_compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype nn.Linear's matmul runs in here: autocast's where autocast is on, else the weight's."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+class HeadInFloat32Sum(torch.autograd.Function):
+    """The chunked head of ``_chunked_statistics`` with the weight's (and bias's) gradient summed over the chunks in
+    float32. Per chunk, the values and gradients are what a checkpointed nn.Linear chunk gives (the matmul in
+    ``compute``, autocast's dtype or the weight's: inputs cast as autocast casts them); autograd would sum the
+    chunks' weight gradients in ``compute`` (into autocast's cached bf16 copy of the weight, or into a bf16
+    weight under ZeRO-3), rounding the running sum at every chunk: thousands of chunks per forward at the papers'
+    lengths. Here each chunk's bf16 product is added to a float32 sum, rounded once to the weight's dtype. Like
+    checkpointing, backward recomputes each chunk's logits (one more head matmul per position); the weight is read
+    in backward as its module's hooks left it (ZeRO-3 gathers it again before the head's backward)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, extras, chunk_size, compute):
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk_size, ctx.compute = temperature, chunk_size, compute
+        device = hidden.device.type
+        with torch.autocast(device, enabled=False):
+            w, b = weight.to(compute), None if bias is None else bias.to(compute)
+            pieces = [torch.stack(_position_chunk_statistics(hidden[i:i + chunk_size].to(compute), w, b,
+                                                             targets[i:i + chunk_size], temperature, extras), -1)
+                      for i in range(0, hidden.shape[0], chunk_size)]
+        return torch.cat(pieces)
+
+    @staticmethod
+    def backward(ctx, grad_stacked):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        chunk_size, compute = ctx.chunk_size, ctx.compute
+        grad_logp = grad_stacked[:, 0]  # the extras carry no gradient
+        weight_sum = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        bias_sum = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        grad_hidden = []
+        with torch.enable_grad(), torch.autocast(hidden.device.type, enabled=False):
+            w = weight.detach().to(compute).requires_grad_()
+            b = None if bias is None else bias.detach().to(compute).requires_grad_()
+            for i in range(0, hidden.shape[0], chunk_size):
+                h = hidden[i:i + chunk_size].detach().requires_grad_()
+                logp = _position_chunk_statistics(h.to(compute), w, b, targets[i:i + chunk_size], ctx.temperature,
+                                                  ())[0]
+                grads = torch.autograd.grad(logp, [h, w] + ([] if b is None else [b]), grad_logp[i:i + chunk_size])
+                grad_hidden.append(grads[0])
+                weight_sum += grads[1].float()
+                if b is not None:
+                    bias_sum += grads[2].float()
+        needs = ctx.needs_input_grad
+        return (torch.cat(grad_hidden) if needs[0] else None, weight_sum.to(weight.dtype) if needs[1] else None,
+                None if bias is None or not needs[2] else bias_sum.to(bias.dtype), None, None, None, None, None)
 
 
 @contextmanager
