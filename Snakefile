@@ -16,9 +16,10 @@ from pathlib import Path
 
 from harness.config.kernels import shell_exports
 from harness.config.loading import require_sweep_keys, resolve
+from harness.config.code_digests import stale_results
 from harness.config.paths import LABEL_PATTERN, SweepPaths, WARMSTART_LABEL, checkpoint_name, resolve_repo_path
 from harness.config.snapshot import digest, evaluation_config, train_job_config, warmstart_config, write_snapshot
-from harness.ops.resources import released_checkpoints, rule_resources, train_command
+from harness.ops.resources import released_checkpoints, rule_resources, train_command, train_retries
 
 
 # A bare `snakemake` runs the default sweep; with --configfile the sweep is that file alone (no default merged
@@ -45,6 +46,12 @@ if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
 # params.sweep, a Path: Snakemake does not record a Path among a job's params, so whether a job reruns is decided by
 # its own digest (cfg) and inputs, not by every change anywhere in the sweep.
 SNAPSHOT = write_snapshot(RESOLVED, Path(workflow.basedir), PATHS.snapshots_dir)
+# Finished results whose recorded code (shared training or evaluation code, packages) differs from this checkout's:
+# not rerun (an edit of harness/ would retrain the whole sweep), listed on every parse of the main process,
+# `snakemake -n` included; a method module's own edits do rerun its jobs (its source is in the train digest)
+if workflow.is_main_process:
+    for line in stale_results(PATHS, [*SWEEP.methods, WARMSTART_LABEL]):
+        print(f"stale by code: {line}", file=sys.stderr)
 HARNESS = "harness {cmd} --sweep {{params.sweep:q}}"
 # Jobs find `harness` (and `accelerate`) next to the interpreter running Snakemake, whatever PATH the shell that
 # submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`, and exports a

@@ -236,11 +236,17 @@ def cmd_summarize(args) -> None:
 
 
 def cmd_plan(args) -> None:
+    from harness.config.code_digests import stale_results
+    from harness.config.paths import WARMSTART_LABEL
     from harness.ops.resources import format_plan, plan_memory_problems
     from harness.report.plan_power import plan_power_lines
 
-    resolved, _ = _resolve(args)  # refuses a preset whose GPU jobs do not fit (harness/config/rules.py)
+    resolved, paths = _resolve(args)  # refuses a preset whose GPU jobs do not fit (harness/config/rules.py)
     print(format_plan(resolved))
+    stale = stale_results(paths, [*resolved.sweep.methods, WARMSTART_LABEL])
+    if stale:
+        print("\nfinished results from other code (kept, not rerun; delete a result's folder to recompute it):",
+              *stale, sep="\n  ")
     # sizing before spending: the effect the seeds detect, the seeds each claim needs (a shortfall reads
     # 'underpowered:', not 'warning:': it makes no job fail)
     lines, underpowered = plan_power_lines(resolved)

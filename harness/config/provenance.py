@@ -11,6 +11,7 @@ import subprocess
 
 import torch
 
+from harness.config.code_digests import code_record
 from harness.config.kernels import kernels_in_effect
 from harness.config.loading import dump_yaml
 from harness.config.paths import REPO_ROOT
@@ -96,4 +97,6 @@ def run_record(resolved: Resolved, spec: MethodSpec, seed: int, run_seed: int, d
         record["resumed_from"] = resumed_from
     record.update(train_seconds=train_seconds, provenance=provenance(data_sha256))
     record["provenance"]["kernels"] = kernels_in_effect(resolved.preset.cpu_kernels)
+    # which code: a released checkpoint was trained elsewhere, no method module of ours trained it
+    record["provenance"]["code"] = code_record(spec.name if external is None else None)
     return record

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness.config.code_digests import method_source_digest
 from harness.config.launch import training_processes
 from harness.config.loading import merge_config
 from harness.config.paths import REPO_ROOT
@@ -122,20 +123,24 @@ def training_config(resolved: Resolved) -> dict:
 
 def evaluation_config(resolved: Resolved) -> dict:
     """What changes an evaluation's results: the eval settings without ``job_scope`` (which only groups jobs) and
-    ``fast_decode`` (the same tokens), and the CPU kernels the generation runs on (``cpu_kernels``)."""
+    ``fast_decode`` (the same tokens), the prompt template the problems are rendered with, and the CPU kernels the
+    generation runs on (``cpu_kernels``)."""
     preset = resolved.to_dict()["preset"]
     return {**{k: v for k, v in preset["eval"].items() if k not in ("job_scope", "fast_decode")},
-            "cpu_kernels": preset["cpu_kernels"]}
+            "prompt_template": preset["prompt_template"], "cpu_kernels": preset["cpu_kernels"]}
 
 
 def warmstart_config(resolved: Resolved) -> dict:
-    """What changes the warm start: the model, the warm-start and data settings and the CPU kernels."""
+    """What changes the warm start: the model, the warm-start and data settings, the prompt template its SFT
+    examples are rendered with, and the CPU kernels."""
     preset = resolved.to_dict()["preset"]
-    return {key: preset[key] for key in ("model", "warmstart", "data", "cpu_kernels")}
+    return {key: preset[key] for key in ("model", "warmstart", "data", "prompt_template", "cpu_kernels")}
 
 
 def train_job_config(resolved: Resolved, spec: MethodSpec) -> dict:
     """What a train job's result depends on besides its seed and its inputs' contents: the sweep's training
-    configuration and everything of the method label but its name (the registered method, its seed offset and
-    parameters: ``uniform`` and ``uniform-aa`` differ)."""
-    return {"training": training_config(resolved), "method": method_dict(spec)}
+    configuration, everything of the method label but its name (the registered method, its seed offset and
+    parameters: ``uniform`` and ``uniform-aa`` differ) and the source of its method module: editing a method reruns
+    its labels' train jobs (shared code does not: ``harness.config.code_digests``)."""
+    return {"training": training_config(resolved), "method": method_dict(spec),
+            "method_source": method_source_digest(spec.name)}

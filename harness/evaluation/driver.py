@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config.code_digests import code_record
 from harness.config.launch import require_vllm_cpu_build
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import BenchmarkConfig, EvalConfig
@@ -451,6 +452,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "data_sha256": data_sha256,
         "samples_file": "samples.jsonl",
         "versions": _versions(eval_cfg.backend),
+        "code": code_record(),
         "generate_s": round(generate_s, 3),
         "score_s": round(score_s, 3),
         "elapsed_s": round(time.monotonic() - start, 3),
