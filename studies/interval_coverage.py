@@ -16,17 +16,28 @@ difference 0) and ``effect`` (it adds delta_p ~ N(0.15, 0.3^2) on the logit scal
 problems), at the fitted seed spread, 3x it and none; ``interaction`` (g_lsp with sd 0.5 on the logit scale, so the
 seed x problem residual holds training noise too); ``noisy pair`` (the tested label's training noise 3x the other
 labels': the pooling assumption broken for the pair under test); ``collapse`` (each baseline run collapses with
-probability 0.1: its logit drops by 3, a run that diverged). For S = 2, 3, 5 seeds and N_DRAWS sweeps each, per
+probability 0.1: its logit drops by 3, a run that diverged; drawn per benchmark). Issue #37's cells: ``calibrated``
+(a preset's A/A calibration, the baseline alone with ``CALIBRATION_SEEDS`` seeds of the same model on the same
+problems, pooled into the sweep's noise where the report's guard lets it: ``calibration.check_calibration``);
+``stale calibration`` (the sweep's training sd 3x the calibration's); ``share 0.8`` (the training sd x``SHARE_SCALE``,
+so that training noise is about 0.8 of a paired difference's per-seed variance on the mean, the rest sampling) with
+its ``noisy pair`` and ``collapse`` variants; ``collapse to zero`` (1 baseline run in 10 drops to near-zero accuracy
+on every benchmark: logit - ``ZERO_LOGIT``). Every cell records its estimated training share (``training_share``:
+the pooled noise T over the per-seed variance 2 MS_LS of a paired difference, mean over draws), how often the
+outlying-run rule (``outliers.outlying_runs``) flags a run, and, in the collapse cells, how often it flags a
+collapsed baseline run. For S = 2, 3, 5 seeds and N_DRAWS sweeps each, per
 benchmark and for the mean over benchmarks: coverage and mean half-width of the 95% interval of the tested pair's
 difference under four rules (``RULES``): per-pair (``scores.crossed_variance``: the pair's own seeds, never below
 the residual floor); pooled (``training_noise.pooled_training_noise`` + ``pooled_variance`` with no moderation: the
 training noise pooled over the L labels, the pair's own residual); pooled with a per-pair F test at
 ``F_TEST_LEVEL`` for S >= 3 (a guard measured and not adopted); and the report's rule, the pooled noise moderated
 toward the pair's own where the labels' seed variances spread (``labels_prior_df``, ``TrainingNoise.for_pair``).
-The rules are computed vectorised here and the harness's ones checked against ``intervals.difference_interval`` on
-the first draws of every cell.
+In the calibrated cells two more rules: the report's with the calibration always pooled ('calibrated, no guard') and
+with the guard ('calibrated'). The rules are computed vectorised here and the harness's ones checked against
+``intervals.difference_interval`` (and ``calibration.check_calibration``, ``outliers.outlying_runs``) on the first
+draws of every cell.
 
-    nice python -m studies.interval_coverage  # ~2 minutes on 2 shared cores; writes
+    nice python -m studies.interval_coverage  # ~6 minutes on 2 shared cores; writes
                                               # results/bench/interval_coverage.json (--results DIR: elsewhere)
 """
 
@@ -48,9 +59,11 @@ from scipy.special import expit, polygamma
 from bench.machine import environment
 from bench.publish import add_path_args, table, update_summary, write_result
 from harness.config.paths import REPO_ROOT
+from harness.report.calibration import GUARD_LEVEL, check_calibration
 from harness.report.intervals import difference_interval
+from harness.report.outliers import ABSOLUTE_FLOOR, MAD_SCALE, OUTLIER_K, outlying_runs, scores_table
 from harness.report.scores import CONFIDENCE
-from harness.report.training_noise import pooled_training_noise, trigamma_inverse
+from harness.report.training_noise import CALIBRATED, TrainingNoise, pooled_training_noise, trigamma_inverse
 
 EXAMPLE = REPO_ROOT / "results" / "example"
 CKPT = "ckpt-100"
@@ -61,6 +74,10 @@ EFFECT_LOGIT, EFFECT_SD = 0.15, 0.3
 INTERACTION_SD = 0.5
 NOISY_PAIR_SCALE = 3.0
 COLLAPSE_RATE, COLLAPSE_LOGIT = 0.1, 3.0
+ZERO_LOGIT = 8.0  # "collapse to zero": arith 23% -> 0.1%, arith_ood 2.7% -> 0.01%
+SHARE_SCALE = 1.4  # the training sd's factor that puts the training share of the mean near 0.8 (measured: json)
+CALIBRATION_SEEDS = 8  # as ``snakemake calibrate``
+STALE_SCALE = 3.0  # the stale calibration: the sweep's training sd this many times the calibration's
 F_TEST_LEVEL = 0.25  # the rejected alternative guard: a liberal per-pair F test, S >= 3 only
 CHECKED_DRAWS = 20  # draws per cell on which the vectorised rules are checked against the harness's functions
 
@@ -75,13 +92,31 @@ class Cell:
     interaction_sd: float = 0.0
     tested_scale: float = 1.0  # the tested label's training noise against the others'
     collapse_rate: float = 0.0  # baseline runs only
+    collapse_logit: float = COLLAPSE_LOGIT
+    collapse_shared: bool = False  # a collapsed run collapses on every benchmark (else drawn per benchmark)
+    calibration_scale: float | None = None  # an A/A calibration's training sd (x the fit's); None: no calibration
 
 
 CELLS = (Cell("aa"), Cell("effect", effect=True), Cell("aa, seed sd x3", seed_scale=3.0),
          Cell("aa, no seed spread", seed_scale=0.0), Cell("interaction", interaction_sd=INTERACTION_SD),
-         Cell("noisy pair", tested_scale=NOISY_PAIR_SCALE), Cell("collapse", collapse_rate=COLLAPSE_RATE))
+         Cell("noisy pair", tested_scale=NOISY_PAIR_SCALE), Cell("collapse", collapse_rate=COLLAPSE_RATE),
+         Cell("calibrated", calibration_scale=1.0),
+         Cell("stale calibration", seed_scale=STALE_SCALE, calibration_scale=1.0),
+         Cell("share 0.8", seed_scale=SHARE_SCALE),
+         Cell("noisy pair, share 0.8", seed_scale=SHARE_SCALE, tested_scale=NOISY_PAIR_SCALE),
+         Cell("collapse, share 0.8", seed_scale=SHARE_SCALE, collapse_rate=COLLAPSE_RATE),
+         Cell("collapse to zero", collapse_rate=COLLAPSE_RATE, collapse_logit=ZERO_LOGIT, collapse_shared=True))
 RULES = ("per-pair", "pooled", "pooled, F test", "moderated")
+CALIBRATED_RULES = ("calibrated, no guard", "calibrated")  # the calibrated cells only
 REPORT_RULE = "moderated"  # ``intervals.difference_interval`` with the sweep's pooled noise
+CALIBRATED_RULE = "calibrated"  # the same with a preset's A/A calibration, guarded (``calibration.check_calibration``)
+# what the report quotes (harness/report/markdown.py): per simulated training share, the cell where the assumption
+# holds and those where it fails; and the calibrated cells
+REGIMES = {"the example's spread": {"holds": "aa", "noisy pair": "noisy pair", "collapse": "collapse",
+                                    "collapse to zero": "collapse to zero"},
+           "share 0.8": {"holds": "share 0.8", "noisy pair": "noisy pair, share 0.8",
+                         "collapse": "collapse, share 0.8"}}
+CALIBRATION_CELLS = {"matches": "calibrated", "stale": "stale calibration"}
 NODES, WEIGHTS = np.polynomial.hermite_e.hermegauss(80)
 WEIGHTS = WEIGHTS / np.sqrt(2 * np.pi)
 
@@ -141,8 +176,12 @@ def fit_seed_sd(rng, mu, sd_problem, n_problems, target_var) -> float:
 
 
 def simulate_sweep(rng, fits, n_seeds, n_draws, cell: Cell):
-    """{bench: scores (n_draws, L, S, P)} of a sweep in ``cell`` and the tested pair's true difference per bench."""
-    data, truth = {}, {}
+    """{bench: scores (n_draws, L, S, P)} of a sweep in ``cell``, the tested pair's true difference per bench, which
+    baseline runs collapsed (n_draws, S; on any benchmark) and the cell's A/A calibration, {bench: (n_draws,
+    ``CALIBRATION_SEEDS``, P)} on the same problems (None without one)."""
+    data, truth, calibration = {}, {}, {} if cell.calibration_scale is not None else None
+    collapsed = np.zeros((n_draws, n_seeds), dtype=bool)
+    shared = (rng.random((n_draws, n_seeds, 1)) < cell.collapse_rate) if cell.collapse_shared else None
     for bench, fit in fits.items():
         mu, sd_p, n = fit["mu"], fit["sd_problem"], fit["n_problems"]
         sd_s = cell.seed_scale * fit["sd_seed"]
@@ -155,17 +194,22 @@ def simulate_sweep(rng, fits, n_seeds, n_draws, cell: Cell):
         if cell.effect:
             logits[:, 1] += rng.normal(EFFECT_LOGIT, EFFECT_SD, (n_draws, 1, n))
         if cell.collapse_rate:
-            logits[:, 0] -= COLLAPSE_LOGIT * (rng.random((n_draws, n_seeds, 1)) < cell.collapse_rate)
+            mask = shared if shared is not None else rng.random((n_draws, n_seeds, 1)) < cell.collapse_rate
+            logits[:, 0] -= cell.collapse_logit * mask
+            collapsed |= mask[:, :, 0]
         data[bench] = rng.binomial(K, expit(logits)) / K
+        if calibration is not None:
+            noise = rng.normal(0, 1, (n_draws, CALIBRATION_SEEDS, 1)) * cell.calibration_scale * fit["sd_seed"]
+            calibration[bench] = rng.binomial(K, expit(mu + a[:, 0] + noise)) / K
         spread = np.sqrt(sd_p**2 + cell.interaction_sd**2)
         tested = np.hypot(spread, sd_s * cell.tested_scale)
         baseline = np.hypot(spread, sd_s)
         method_mean = (expect(lambda p: p, mu + EFFECT_LOGIT, np.hypot(tested, EFFECT_SD)) if cell.effect
                        else expect(lambda p: p, mu, tested))
         base_mean = ((1 - cell.collapse_rate) * expect(lambda p: p, mu, baseline)
-                     + cell.collapse_rate * expect(lambda p: p, mu - COLLAPSE_LOGIT, baseline))
+                     + cell.collapse_rate * expect(lambda p: p, mu - cell.collapse_logit, baseline))
         truth[bench] = method_mean - base_mean
-    return data, truth
+    return data, truth, collapsed, calibration
 
 
 def parts(diffs, benches):
@@ -190,7 +234,8 @@ def parts(diffs, benches):
 
 
 def pooled_noise(sweep, benches):
-    """Vectorised ``training_noise.pooled_training_noise`` over draws of {bench: (n, L, S, P)}: (T (n,), df)."""
+    """Vectorised ``training_noise.pooled_training_noise`` over draws of {bench: (n, L, S, P)}: (T (n,), df) and
+    the per-seed variance of a paired difference, 2 MS_LS (n,), whose share T is (``training_share``)."""
     w = 1.0 / len(benches)
     n_labels, n_seeds = sweep[benches[0]].shape[1:3]
     df = (n_labels - 1) * (n_seeds - 1)
@@ -202,7 +247,39 @@ def pooled_noise(sweep, benches):
         n_problems = cube.shape[3]
         interaction = centred(cube - cube.mean(axis=3, keepdims=True), (1, 2))
         residual = residual + w**2 * (interaction**2).sum(axis=(1, 2, 3)) / (df * (n_problems - 1)) / n_problems
-    return np.maximum(0.0, 2 * ms_ls - 2 * residual), df
+    return np.maximum(0.0, 2 * ms_ls - 2 * residual), df, 2 * ms_ls
+
+
+def row_residuals(scores, benches):
+    """Vectorised ``training_noise.row_residual`` of one label's {bench: (n, ..., S, P)} scores: (n, ...)."""
+    w = 1.0 / len(benches)
+    out = 0.0
+    for b in benches:
+        x = scores[b]
+        n_seeds, n_problems = x.shape[-2:]
+        cells = (x - x.mean(axis=-1, keepdims=True) - x.mean(axis=-2, keepdims=True)
+                 + x.mean(axis=(-2, -1), keepdims=True))
+        out = out + w**2 * (cells**2).sum(axis=(-2, -1)) / ((n_seeds - 1) * (n_problems - 1)) / n_problems
+    return out
+
+
+def calibration_noise(calibration, benches):
+    """Vectorised ``training_noise.pooled_training_noise`` of the one calibration label on ``benches``: T_c (n,),
+    with ``CALIBRATION_SEEDS`` - 1 df."""
+    rows = np.mean([calibration[b].mean(axis=2) for b in benches], axis=0)  # (n, seeds)
+    return 2 * np.maximum(0.0, rows.var(axis=1, ddof=1) - row_residuals(calibration, benches))
+
+
+def flagged_runs(sweep, benches):
+    """Vectorised ``outliers.outlying_runs`` on the mean over ``benches``: flags (n, L, S)."""
+    table = np.mean([sweep[b].mean(axis=3) for b in benches], axis=0)  # (n, L, S)
+    n_seeds = table.shape[2]
+    gaps = np.stack([table[:, :, s] - np.median(np.delete(table, s, axis=2), axis=2) for s in range(n_seeds)],
+                    axis=2)
+    floor = np.sqrt(2 * np.maximum(0.0, row_residuals(sweep, benches).mean(axis=1)))
+    scale = np.maximum(np.maximum(MAD_SCALE * np.median(np.abs(gaps).reshape(len(gaps), -1), axis=1), floor),
+                       ABSOLUTE_FLOOR)
+    return gaps < -OUTLIER_K * scale[:, None, None]
 
 
 def centred(x, axes):
@@ -211,9 +288,10 @@ def centred(x, axes):
     return x - x.mean(axis=a, keepdims=True) - x.mean(axis=b, keepdims=True) + x.mean(axis=axes, keepdims=True)
 
 
-def half_widths(sweep, benches):
-    """Half-widths (n,) of the tested pair's interval under each rule (``RULES``), and where the report's rule
-    moderated (the labels' seed variances spread: finite prior degrees of freedom)."""
+def half_widths(sweep, benches, calibration=None):
+    """Half-widths (n,) of the tested pair's interval under each rule (``RULES``; with a ``calibration``, also
+    ``CALIBRATED_RULES``), where the report's rule moderated (the labels' seed variances spread: finite prior degrees
+    of freedom), the estimated training share and where the guard refused the calibration (None without one)."""
     t, f = scipy_stats.t.ppf, scipy_stats.f.ppf
     q = 1 - (1 - CONFIDENCE) / 2
     n_seeds = sweep[benches[0]].shape[2]
@@ -226,7 +304,7 @@ def half_widths(sweep, benches):
         return np.sqrt(problem_term + np.maximum(t(q, df) ** 2 * (noise / n_seeds + residual), residual_term))
 
     own = np.sqrt(problem_term + np.maximum(t(q, n_seeds - 1) ** 2 * seed, residual_term))
-    noise, df = pooled_noise(sweep, benches)
+    noise, df, per_seed = pooled_noise(sweep, benches)
     pooled = width(noise, df)
     departs = (n_seeds >= 3) & (seed > f(1 - F_TEST_LEVEL, n_seeds - 1, df) * (noise / n_seeds + residual))
     prior = prior_df(sweep, benches)
@@ -236,8 +314,27 @@ def half_widths(sweep, benches):
     moderated_noise = np.maximum(0.0, (d0 * noise + (n_seeds - 1) * own_noise) / (d0 + n_seeds - 1))
     moderated = width(np.where(moderates, moderated_noise, noise),
                       np.where(moderates, np.minimum(d0 + n_seeds - 1, df), df))
-    return {"per-pair": own, "pooled": pooled, "pooled, F test": np.where(departs, own, pooled),
-            "moderated": moderated}, moderates
+    halves = {"per-pair": own, "pooled": pooled, "pooled, F test": np.where(departs, own, pooled),
+              "moderated": moderated}
+    share = np.where(per_seed > 0, noise / np.where(per_seed > 0, per_seed, 1.0), np.nan)
+    refused = None
+    if calibration is not None:
+        external = calibration_noise(calibration, benches)
+        cal_df = CALIBRATION_SEEDS - 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = scipy_stats.f.sf(noise / external, df, cal_df)
+        refused = np.where(external > 0, p < GUARD_LEVEL, noise > 0)
+        combined = (df * noise + cal_df * external) / (df + cal_df)
+
+        def moderated_width(pooled_noise_, pooled_df):
+            mod = np.maximum(0.0, (d0 * pooled_noise_ + (n_seeds - 1) * own_noise) / (d0 + n_seeds - 1))
+            return width(np.where(moderates, mod, pooled_noise_),
+                         np.where(moderates, np.minimum(d0 + n_seeds - 1, pooled_df), pooled_df))
+
+        halves["calibrated, no guard"] = moderated_width(combined, df + cal_df)
+        halves["calibrated"] = moderated_width(np.where(refused, noise, combined),
+                                               np.where(refused, df, df + cal_df))
+    return halves, moderates, share, refused
 
 
 def prior_df(sweep, benches):
@@ -257,35 +354,63 @@ def prior_df(sweep, benches):
     return out
 
 
-def check_against_harness(sweep, benches, halves, draws: int) -> None:
-    """The vectorised rules must give the harness's intervals (``intervals.difference_interval``) draw by draw."""
+def check_against_harness(sweep, benches, halves, draws: int, calibration=None, refused=None, flags=None) -> None:
+    """The vectorised rules must give the harness's intervals (``intervals.difference_interval``) draw by draw, its
+    calibration guard (``calibration.check_calibration``) and its outlying runs (``outliers.outlying_runs``)."""
     for i in range(draws):
         mats = {f"l{lab}": {b: sweep[b][i, lab] for b in benches} for lab in range(N_LABELS)}
         differences = {b: mats["l1"][b] - mats["l0"][b] for b in benches}
         noise = pooled_training_noise(mats)
-        for rule, expected in (("per-pair", None), ("pooled", dataclasses.replace(noise, prior_df=math.inf)),
-                               ("moderated", noise)):
+        checked = [("per-pair", None), ("pooled", dataclasses.replace(noise, prior_df=math.inf)), ("moderated", noise)]
+        if calibration is not None:
+            external = pooled_training_noise({"cal": {b: calibration[b][i] for b in benches}})
+            external = TrainingNoise(external.variance, external.df, CALIBRATED)
+            check = check_calibration(tuple(benches), noise, external)
+            assert check.pooled != bool(refused[i]), (i, check, refused[i])
+            checked += [("calibrated", noise.combined(external) if check.pooled else noise),
+                        ("calibrated, no guard", noise.combined(external))]
+        for rule, expected in checked:
             interval = difference_interval(differences, expected)
             half = interval.variance.half_width((1 - CONFIDENCE) / 2)
             assert abs(half - halves[rule][i]) < 1e-9, (rule, i, half, halves[rule][i])
+        if flags is not None:
+            labels, table, floor = scores_table(mats)
+            found = {(run.label, run.seed) for run in outlying_runs(table, labels, range(table.shape[1]), floor)}
+            expected_flags = {(f"l{lab}", s) for lab, s in zip(*np.nonzero(flags[i]), strict=True)}
+            assert found == expected_flags, (i, found, expected_flags)
 
 
-def coverage(sweep, truth, checked: int):
+def coverage(sweep, truth, checked: int, collapsed=None, calibration=None):
     """Per benchmark and for the mean: coverage and mean half-width (points) of each rule, how often the report's
-    rule moderated, and its coverage where it did not."""
+    rule moderated, and its coverage where it did not; the mean estimated training share; how often the outlying-run
+    rule flags a run (on the mean over benchmarks, as the report applies it), the report's coverage where it flags
+    none, and how often it flags a collapsed baseline run; with a calibration how often the guard refused it."""
     benches = sorted(sweep)
     truth = {**truth, "mean": float(np.mean([truth[b] for b in benches]))}
+    flags = flagged_runs(sweep, benches)
+    any_flag = flags.any(axis=(1, 2))
     out = {}
     for scope in [*benches, "mean"]:
         chosen = benches if scope == "mean" else [scope]
         estimates = np.mean([(sweep[b][:, 1] - sweep[b][:, 0]).mean(axis=(1, 2)) for b in chosen], axis=0)
-        halves, moderates = half_widths(sweep, chosen)
-        check_against_harness(sweep, chosen, halves, checked)
-        covers = {r: np.abs(estimates - truth[scope]) <= halves[r] for r in RULES}
+        halves, moderates, share, refused = half_widths(sweep, chosen, calibration)
+        check_against_harness(sweep, chosen, halves, checked, calibration, refused,
+                              flags if scope == "mean" else None)
+        rules = [r for r in (*RULES, *CALIBRATED_RULES) if r in halves]
+        report_rule = CALIBRATED_RULE if calibration is not None else REPORT_RULE
+        covers = {r: np.abs(estimates - truth[scope]) <= halves[r] for r in rules}
         out[scope] = {"truth_points": 100 * truth[scope], "moderated": float(moderates.mean()),
                       "coverage_not_moderated": float(covers[REPORT_RULE][~moderates].mean()),
-                      "coverage": {r: float(covers[r].mean()) for r in RULES},
-                      "mean_half_width_points": {r: float(100 * halves[r].mean()) for r in RULES}}
+                      "coverage": {r: float(covers[r].mean()) for r in rules},
+                      "mean_half_width_points": {r: float(100 * halves[r].mean()) for r in rules},
+                      "training_share": float(np.nanmean(share)), "flagged": float(any_flag.mean()),
+                      "coverage_unflagged": float(covers[report_rule][~any_flag].mean())}
+        if refused is not None:
+            out[scope]["calibration_refused"] = float(refused.mean())
+        if collapsed is not None and collapsed.any():
+            hit = collapsed.any(axis=1)
+            out[scope]["collapsed"] = float(hit.mean())
+            out[scope]["flagged_collapse"] = float((flags[:, 0] & collapsed).any(axis=1)[hit].mean())
     return out
 
 
@@ -312,16 +437,19 @@ def main(argv=None) -> int:
     results = {}
     for cell in CELLS:
         for n_seeds in SEEDS:
-            sweep, truth = simulate_sweep(rng, fits, n_seeds, args.draws, cell)
-            results[f"{cell.name}/S={n_seeds}"] = coverage(sweep, truth, CHECKED_DRAWS)
+            sweep, truth, collapsed, calibration = simulate_sweep(rng, fits, n_seeds, args.draws, cell)
+            results[f"{cell.name}/S={n_seeds}"] = coverage(sweep, truth, CHECKED_DRAWS, collapsed, calibration)
             print(f"{cell.name} S={n_seeds}: " + ", ".join(
                 f"{scope} " + "/".join(f"{c['coverage'][r]:.3f}" for r in RULES)
                 for scope, c in results[f"{cell.name}/S={n_seeds}"].items()), flush=True)
     record = {"name": "interval_coverage", "settings": vars(args) | {
         "k": K, "seeds": SEEDS, "labels": N_LABELS, "effect_logit": EFFECT_LOGIT, "effect_sd": EFFECT_SD,
         "interaction_sd": INTERACTION_SD, "noisy_pair_scale": NOISY_PAIR_SCALE, "collapse_rate": COLLAPSE_RATE,
-        "collapse_logit": COLLAPSE_LOGIT, "f_test_level": F_TEST_LEVEL, "rules": RULES, "report_rule": REPORT_RULE,
-        "cells": [vars(c) for c in CELLS]},
+        "collapse_logit": COLLAPSE_LOGIT, "zero_logit": ZERO_LOGIT, "share_scale": SHARE_SCALE,
+        "stale_scale": STALE_SCALE, "calibration_seeds": CALIBRATION_SEEDS, "guard_level": GUARD_LEVEL,
+        "outlier_k": OUTLIER_K, "f_test_level": F_TEST_LEVEL, "rules": RULES, "calibrated_rules": CALIBRATED_RULES,
+        "report_rule": REPORT_RULE, "calibrated_rule": CALIBRATED_RULE, "regimes": REGIMES,
+        "calibration_cells": CALIBRATION_CELLS, "cells": [vars(c) for c in CELLS]},
               "fits": fits, "coverage": results, "seconds": time.time() - started,
               "environment": environment(args.cpu_free_flag)}
     write_result(args.results, "interval_coverage", record)
@@ -337,6 +465,22 @@ def main(argv=None) -> int:
     coverage_table = table(["cell/S", "scope", "true Δ, pts", *(f"coverage {r}" for r in RULES),
                             *(f"mean half-width {r}, pts" for r in RULES),
                             "moderated: share, coverage of the rest"], rows)
+    mean_rows = []
+    for key, per_scope in results.items():
+        c = per_scope["mean"]
+        calibrated = "calibration_refused" in c
+        mean_rows.append([
+            key, f"{c['training_share']:.2f}", f"{c['coverage'][REPORT_RULE]:.3f}",
+            *((f"{c['coverage'][r]:.3f}" for r in CALIBRATED_RULES) if calibrated else ("", "")),
+            *((f"{c['mean_half_width_points'][r]:.1f}" for r in (REPORT_RULE, *CALIBRATED_RULES)) if calibrated
+              else (f"{c['mean_half_width_points'][REPORT_RULE]:.1f}", "", "")),
+            f"{c['calibration_refused']:.2f}" if calibrated else "", f"{c['flagged']:.3f}",
+            f"{c['coverage_unflagged']:.3f}",
+            f"{c['collapsed']:.2f}: {c['flagged_collapse']:.2f}" if "collapsed" in c else ""])
+    mean_table = table(["cell/S", "training share", "coverage moderated", "coverage calibrated, no guard",
+                        "coverage calibrated (guard)", "half-width moderated, pts", "calibrated, no guard",
+                        "calibrated (guard)", "guard refused", "a run flagged", "coverage where none is",
+                        "sweeps with a collapse: share, flagged"], mean_rows)
     body = (f"## Interval coverage (`studies/interval_coverage.py`, {args.draws} sweeps of {N_LABELS} labels per "
             "row)\n\nModel fitted to results/example (ckpt-100):\n\n" + fit_table + "\n\nCoverage of the tested "
             "pair's 95% paired-difference interval (Monte Carlo standard error sqrt(c (1 - c) / draws): "
@@ -346,7 +490,14 @@ def main(argv=None) -> int:
             f"pooled one by F(S - 1, df_T) at {F_TEST_LEVEL:.0%} keeps its own); moderated (the report's rule: the "
             "pooled noise moderated toward the pair's own where the labels' seed variances spread, limma's "
             "empirical Bayes; 'moderated': how often the prior degrees of freedom were finite):\n\n"
-            + coverage_table + "\n")
+            + coverage_table + "\n\nOn the mean over benchmarks: the estimated training share of a paired "
+            "difference's per-seed variance (T / 2 MS_LS, mean over draws); with an A/A calibration of "
+            f"{CALIBRATION_SEEDS} seeds, the report's rule with it always pooled and with the guard (one-sided F "
+            f"test at {GUARD_LEVEL:g}: refused where the sweep's pooled noise is significantly larger) and how often "
+            f"the guard refused it; how often the outlying-run rule ({OUTLIER_K:g} robust scales below the label's "
+            "other seeds) flags some run of the sweep, the report's coverage (calibrated in the calibrated cells) "
+            "in sweeps where it flags none, and in the collapse cells how many sweeps had a collapsed baseline run "
+            "and how often one of those was flagged:\n\n" + mean_table + "\n")
     update_summary(args.results, "interval_coverage", body)
     print(body)
     print(f"{time.time() - started:.0f} s")

@@ -20,7 +20,7 @@ from harness.report.leaderboard import verdict_record, write_leaderboard
 from harness.report.markdown import budget_warnings, coverage_where_assumption_fails, markdown, protocol_note
 from harness.report.reported import load_reported
 from harness.report.scores import crossed_variance
-from harness.report.summary import claim_verdicts, noise_at, summarize
+from harness.report.summary import claim_verdicts, mean_training_share, noise_at, summarize
 from harness.report.tables import FLOOR_LEGEND, FLOOR_MARK, bench_table, claims_table, overview_table, select, with_ci
 from harness.report.training_noise import CALIBRATED, MODERATED, POOLED, VARIANCE_BASES
 
@@ -327,7 +327,9 @@ def test_a_fitting_calibration_is_pooled_in_and_backs_the_aa_line(tmp_path):
     md = (paths.root / "leaderboard.md").read_text()
     assert "tied (calibrated)" in md and "A/A calibration `tiny.json` (uniform alone, 8 seeds, commit 0123456789)" in md
     assert "With 2 seeds the assumption is untested for any one method" in md
-    assert coverage_where_assumption_fails() in md  # the coverage bench's numbers, read from its output
+    # the coverage bench's numbers, read from its output at this sweep's training share, with the calibrated cells
+    share = mean_training_share(read_sweep(resolved, paths))
+    assert coverage_where_assumption_fails(share=share, n_seeds=2, calibrated=True) in md
     # a calibration of other benchmarks is not used, and the report says why
     calibration.write_text(json.dumps(calibration_record({"arith": 200, "arith_ood": 100})))
     write_leaderboard(resolved, paths, n_resamples=200, calibration_path=calibration)
@@ -340,19 +342,74 @@ def test_a_fitting_calibration_is_pooled_in_and_backs_the_aa_line(tmp_path):
         write_leaderboard(resolved, paths, n_resamples=200, calibration_path=calibration)
 
 
-def test_the_note_quotes_the_coverage_bench_where_the_assumption_fails(tmp_path):
-    rates = {"noisy pair": (0.86, 0.9), "collapse": (0.8, 0.88)}
-    record = {"settings": {"report_rule": "moderated", "seeds": [2, 5]},
-              "coverage": {f"{cell}/S={n}": {"mean": {"coverage": {"moderated": rate, "pooled": 0.5}}}
-                           for cell, pair in rates.items() for n, rate in zip((2, 5), pair, strict=True)}}
+def coverage_record() -> dict:
+    """A coverage study's output in its format: two simulated training shares (the example's spread, 0.8), each with
+    the cell where the assumption holds and the two that break it, and the calibrated cells."""
+    cells = {"aa": (0.64, 0.70, 0.96, 0.95), "noisy pair": (0.75, 0.80, 0.86, 0.85),
+             "collapse": (0.69, 0.78, 0.92, 0.88), "share 0.8": (0.78, 0.83, 0.97, 0.95),
+             "noisy pair, share 0.8": (0.85, 0.9, 0.84, 0.83), "collapse, share 0.8": (0.81, 0.86, 0.93, 0.91),
+             "calibrated": (0.63, 0.7, 0.95, 0.94), "stale calibration": (0.94, 0.95, 0.93, 0.92)}
+    coverage = {}
+    for cell, (share2, share5, rate2, rate5) in cells.items():
+        for n, share, rate in ((2, share2, rate2), (5, share5, rate5)):
+            mean = {"coverage": {"moderated": rate, "pooled": 0.5}, "training_share": share}
+            if "calibrat" in cell:
+                mean["coverage"] |= {"calibrated": rate - 0.01, "calibrated, no guard": rate - 0.1}
+                mean["calibration_refused"] = 0.84 if cell.startswith("stale") else 0.15
+            coverage[f"{cell}/S={n}"] = {"mean": mean}
+    coverage |= {f"collapse to zero/S={n}": {"mean": {"coverage": {"moderated": rate}, "training_share": 0.7}}
+                 for n, rate in ((2, 0.91), (5, 0.84))}
+    regimes = {"the example's spread": {"holds": "aa", "noisy pair": "noisy pair", "collapse": "collapse",
+                                        "collapse to zero": "collapse to zero"},
+               "share 0.8": {"holds": "share 0.8", "noisy pair": "noisy pair, share 0.8",
+                             "collapse": "collapse, share 0.8"}}
+    return {"settings": {"report_rule": "moderated", "calibrated_rule": "calibrated", "seeds": [2, 5],
+                         "regimes": regimes, "calibration_cells": {"matches": "calibrated",
+                                                                   "stale": "stale calibration"}},
+            "coverage": coverage}
+
+
+def test_the_coverage_sentence_depends_on_the_sweeps_share_and_seeds(tmp_path):
     path = tmp_path / "interval_coverage.json"
-    path.write_text(json.dumps(record))
-    text = coverage_where_assumption_fails(path)
-    assert "3x the others' training noise is covered 0.86-0.90" in text and "1 time in 10 is covered 0.80-0.88" in text
-    assert "2-5 seeds" in text and "0.50" not in text
+    path.write_text(json.dumps(coverage_record()))
+    near_example = coverage_where_assumption_fails(path, share=0.6, n_seeds=2)
+    assert "at 2 seeds and the training share nearest this sweep's (training noise 0.60" in near_example
+    assert "simulated 0.64, the example's spread): 0.96 where every method's training noise is the same" in near_example
+    assert ("3x the others' training noise 0.86; a baseline whose runs collapse 1 time in 10 0.92; one whose runs drop "
+            "to near-zero accuracy 1 time in 10 0.91") in near_example
+    # the worst case over both shares and both seed counts stands beside it
+    assert "(the worst of each over the simulated shares 0.64-0.78 and 2-5 seeds: 0.83, 0.88, 0.84)" in near_example
+    near_share = coverage_where_assumption_fails(path, share=0.9, n_seeds=2)
+    assert "simulated 0.78, share 0.8): 0.97" in near_share and "noise 0.84; " in near_share
+    assert "near-zero accuracy 1 time in 10 0." not in near_share  # not simulated at that share: the worst case only
+    assert near_share != near_example
+    # more seeds: the nearest simulated seed count (4 -> 5), whose shares are the ones compared
+    at_five = coverage_where_assumption_fails(path, share=0.72, n_seeds=4)
+    assert "at 5 seeds" in at_five and "simulated 0.70, the example's spread): 0.95" in at_five
+    # unknown share (e.g. one seed): the worst case alone
+    worst = coverage_where_assumption_fails(path, share=None, n_seeds=1)
+    assert "worst over 2-5 seeds: a method with 3x the others' training noise 0.83" in worst
+    assert "; one whose runs drop to near-zero accuracy 1 time in 10 0.84" in worst
+    assert "0.50" not in worst
+    # with a calibration: which figures hold with it
+    calibrated = coverage_where_assumption_fails(path, share=0.6, n_seeds=2, calibrated=True)
+    assert calibrated.startswith(near_example.removesuffix(" (results/bench/interval_coverage.json)."))
+    assert ("With an A/A calibration pooled where its guard lets it: 0.94 when it matches the sweep's training noise, "
+            "0.92 when the sweep's training sd is 3x the calibration's (refused in 84% of those sweeps; pooled "
+            "regardless: 0.83); the figures before are without a calibration") in calibrated
     # without the bench's output: the situations, no numbers
     absent = coverage_where_assumption_fails(tmp_path / "absent.json")
     assert "3x the others' training noise" in absent and not re.search(r"\d\.\d", absent)
+
+
+def test_the_report_quotes_the_coverage_at_its_own_share(sweep):
+    resolved, paths, _ = sweep
+    evidence = read_sweep(resolved, paths)
+    share = mean_training_share(evidence)
+    assert share is not None and 0 <= share <= 1
+    note = protocol_note(evidence, resolved, 2000)
+    assert coverage_where_assumption_fails(share=share, n_seeds=3) in note
+    assert "Outlying runs: a run more than 4 robust scales below" in note and "none at ckpt-100" in note
 
 
 def test_holm_marks_the_table_and_the_csv_has_the_adjusted_p(sweep):
@@ -482,7 +539,7 @@ def test_one_seed_sweep_says_so(tmp_path):
 
 
 REPORT_DIR = REPO / "harness" / "report"
-STATISTICS_MODULES = ["scores", "training_noise", "intervals", "bootstrap"]  # numpy/scipy and each other only
+STATISTICS_MODULES = ["scores", "training_noise", "intervals", "bootstrap", "outliers"]  # numpy/scipy, each other
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
 REPORT_MODULE_ORDER = [*STATISTICS_MODULES, "calibration", "power", "verdicts", "sequential", "evidence", "fidelity",
                        "reported", "plan_power", "summary", "tables", "markdown", "html", "plots", "leaderboard",

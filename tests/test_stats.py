@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 from scipy.special import expit
 
-from harness.report import bootstrap, intervals
+from harness.report import bootstrap, intervals, power
 from harness.report.scores import CrossedVariance, crossed_variance, per_problem_scores, score_matrix, t_quantile
 from harness.report.training_noise import (
     CALIBRATED,
@@ -24,6 +24,7 @@ from harness.report.training_noise import (
     pooled_training_noise,
     pooled_variance,
     row_residual,
+    training_share,
     trigamma_inverse,
 )
 
@@ -336,6 +337,22 @@ def test_pooled_training_noise_is_the_mean_pair_less_its_residual():
     assert noise.variance == pytest.approx(np.mean(pairs)) and noise.df == 4 * 2
 
 
+def test_training_share_is_the_noise_over_the_mean_pairs_per_seed_variance():
+    rng = np.random.default_rng(6)
+    scores = {f"l{i}": {"a": rng.random((3, 20)) + rng.normal(0, 0.3, (3, 1)), "b": rng.random((3, 9))}
+              for i in range(5)}
+    per_seed = []
+    for a, b in itertools.combinations(sorted(scores), 2):
+        d = {bench: scores[a][bench] - scores[b][bench] for bench in ("a", "b")}
+        per_seed.append(np.mean([d[bench].mean(axis=1) for bench in ("a", "b")], axis=0).var(ddof=1))
+    share = training_share(scores)
+    assert share == pytest.approx(pooled_training_noise(scores).variance / np.mean(per_seed))
+    assert 0 < share < 1
+    # every seed of every label alike: no interaction at all, the share is undefined
+    same = np.tile([0.25, 0.5, 0.75, 1.0], (3, 1))  # binary fractions: every mean exact
+    assert math.isnan(training_share({f"l{i}": {"a": same} for i in range(5)}))
+
+
 def test_one_label_training_noise_is_twice_its_excess():
     # row means 0.4, 0.6: variance 0.02; residual cells +-0.05 (4 of them), MS_resid 0.01 / 2, its row share / P 3
     x = np.array([[0.2, 0.4, 0.6], [0.5, 0.6, 0.7]])
@@ -373,6 +390,12 @@ def test_moderated_variance_by_hand():
     calibrated = noise.combined(TrainingNoise(0.001, 7))
     assert calibrated.prior_df == 2 and calibrated.for_pair(own).basis == MODERATED[CALIBRATED]
     assert TrainingNoise(0.003, 14).for_pair(own).variance == 0.003
+    # more seeds add one degree of freedom each to a moderated noise (d0 + S - 1), whatever a calibration held
+    assert pair.external_df == 2 and calibrated.for_pair(own).external_df == 2
+    capped = TrainingNoise(0.003, 3, prior_df=2).for_pair(own)  # d0 + d = 4 > 3: the pool's own df, and its external
+    assert (capped.df, capped.external_df) == (3, 0.0)
+    assert power.VarianceComponents(0.0, {"b": 0.0}, {"b": 0.0}, {"b": 10}, 3).pooled(
+        calibrated.for_pair(own)).seed_df(10) == 2 + 9
     # a pair far below the pool: the moderated noise stops at 0
     agreeing = CrossedVariance(seed=0.0, seed_df=2, problem=0.0, problem_df=99, residual=0.01, residual_df=198)
     assert TrainingNoise(1e-4, 14, prior_df=1).for_pair(agreeing).variance == 0

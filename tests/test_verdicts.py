@@ -235,6 +235,36 @@ def test_detectability_rows_per_benchmark_and_mean():
     assert {r["detectable"] for r in rows} == {None}
 
 
+def test_detectable_effects_take_the_pooled_noise_at_its_upper_bound_as_harness_power_does():
+    from harness.report.intervals import difference_interval
+    from harness.report.scores import crossed_variance
+    from harness.report.training_noise import TrainingNoise
+
+    rng = np.random.default_rng(5)
+    differences = {"a": rng.normal(0.01, 0.05, (2, 60)) + rng.normal(0, 0.01, (2, 1))}
+    claim = verdicts.Claim("good", "uniform", "a", "avg@k", 2.0, "improvement", "t")
+    noise = TrainingNoise(0.02**2, 7)  # a 2-seed sweep of 8 labels pooled: 7 df
+    judged = verdicts.judge(claim, differences, noise)
+    own = power.variance_components(differences)
+    bound = power.upper_bound(noise.for_pair(crossed_variance(differences)))
+    assert bound.variance == pytest.approx(7 * 0.02**2 / 2.8331, rel=1e-4)  # df T / chi2_{0.10, 7}
+    assert judged.detectable == pytest.approx(power.detectable_effect(own.pooled(bound), 2))
+    at_estimate = power.detectable_effect(own.pooled(noise), 2)
+    assert judged.detectable > 1.3 * at_estimate  # 2 seeds: the bound is 2.5x the variance
+    assert judged.seeds_to_settle == power.seeds_needed(own.pooled(bound), 0.02)
+    # the interval and the verdict keep the estimate
+    assert judged.interval == difference_interval(differences, noise)
+    # with many degrees of freedom the bound comes close to the estimate
+    many = verdicts.judge(claim, differences, TrainingNoise(0.02**2, 400))
+    assert many.detectable < 1.1 * power.detectable_effect(own.pooled(TrainingNoise(0.02**2, 400)), 2)
+    # the table shows both, its detectable effect at the bound
+    scores = {("good", "c", "a", "m"): differences["a"] + 0.3, ("uniform", "c", "a", "m"): np.full((2, 60), 0.3)}
+    [row, _] = verdicts.detectability_rows(scores, ["uniform", "good"], "uniform", ["a"], "c", "m",
+                                           {("a",): noise})
+    assert row["seed_sd_bound"] == pytest.approx(100 * bound.variance**0.5)
+    assert row["seed_sd"] == pytest.approx(2.0) and row["detectable"] == pytest.approx(100 * judged.detectable)
+
+
 def test_every_reported_file_loads_and_its_claims_name_labels_of_its_sweep():
     import yaml
 

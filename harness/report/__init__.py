@@ -4,9 +4,11 @@ Modules, each importing only those before it (``tests/test_report.py`` checks th
   scores          per-problem score matrices (seeds x problems) and the crossed variance of their mean
   training_noise  the training noise of a paired difference pooled over a sweep's labels, and its moderation
   intervals       t intervals of means and paired differences, p-values, Holm's correction, verdicts and ranks
-  bootstrap       the stratified bootstrap: IQM and P(X > Y) with percentile intervals; the four statistics modules
-                  import nothing else of the harness
-  calibration     a preset's A/A calibration (``snakemake calibrate``): its training noise, read back by reports
+  bootstrap       the stratified bootstrap: IQM and P(X > Y) with percentile intervals
+  outliers        outlying runs: a seed far below its label's others (a collapse), by a robust rule; the five
+                  statistics modules import nothing else of the harness
+  calibration     a preset's A/A calibration (``snakemake calibrate``): its training noise, read back by reports,
+                  and the guard that refuses it where the sweep's own noise is significantly larger
   power           variance components, detectable effects, seeds needed (``harness power``)
   verdicts        the papers' claims, their validation and the reproduction verdicts with Holm's correction
   sequential      group-sequential stages of seeds: which claims are decided, which labels get more seeds

@@ -29,6 +29,7 @@ from harness.report.markdown import (
     budget_warnings,
     calibration_lines,
     claims_note,
+    outlier_lines,
     protocol_note,
     reported_lines,
 )
@@ -349,8 +350,10 @@ FOREST = "difference_to_baseline"  # the page's first figure: every label's Δ a
 
 def _warnings(evidence: Evidence, summary: list[dict]) -> list[str]:
     """A/A calibration, unmatched budgets and failed runs: what must be read before the tables."""
-    calibration = calibration_lines(evidence, summary)
-    parts = [f"<p class='{'note' if 'NOT tied' not in line else 'warn'}'>{esc(line)}</p>" for line in calibration]
+    calibration = [line.replace("**", "") for line in calibration_lines(evidence, summary)]
+    parts = [f"<p class='{'warn' if 'NOT tied' in line or line.startswith('A/A calibration ') else 'note'}'>"
+             f"{esc(line)}</p>" for line in calibration]
+    parts += [f"<p class='warn'>{esc(line.replace('**', ''))}</p>" for line in outlier_lines(evidence)]
     parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in budget_warnings(evidence)]
     parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
               f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]

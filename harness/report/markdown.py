@@ -12,15 +12,22 @@ from pathlib import Path
 
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import Resolved
+from harness.report.calibration import GUARD_LEVEL
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
+from harness.report.outliers import COLLAPSE_ADVICE, OUTLIER_K
+from harness.report.power import UPPER_LEVEL
 from harness.report.reported import Reported
 from harness.report.summary import (
     baseline_level,
+    calibration_checks,
     calibration_pairs,
     claim_verdicts,
     detectability,
+    mean_training_share,
+    outlying,
     training_reached,
+    without_outlying,
 )
 from harness.report.tables import (
     FLOOR_LEGEND,
@@ -30,6 +37,7 @@ from harness.report.tables import (
     claims_table,
     detectability_table,
     overview_table,
+    pct,
     runs_table,
     select,
 )
@@ -86,12 +94,20 @@ def pooling_note(evidence: Evidence) -> str:
     if n_seeds == 2:
         note += ("With 2 seeds the assumption is untested for any one method: its own seed variance has 1 degree of "
                  "freedom. ")
+    coverage = coverage_where_assumption_fails(share=mean_training_share(evidence), n_seeds=n_seeds,
+                                               calibrated=evidence.calibration is not None)
     note += (f"Where the assumption fails the intervals are too narrow, and no mark from a pair's own seeds can tell "
-             f"which ones (with normal noise their spread is independent of the estimate's error): "
-             f"{coverage_where_assumption_fails()} A method suspected of unstable training needs more seeds. ")
+             f"which ones (with normal noise their spread is independent of the estimate's error). {coverage} "
+             f"A method suspected of unstable training needs more seeds. {outlier_note(evidence)} ")
     if evidence.calibration is not None:
         note += (f"The noise is pooled with the preset's {evidence.calibration.describe()} for {evidence.avg_metric} "
-                 f"(`{CALIBRATED}` in `diff_variance`). ")
+                 f"(`{CALIBRATED}` in `diff_variance`) on each scope where the sweep's own pooled noise is not "
+                 f"significantly larger (a one-sided F test at {GUARD_LEVEL:g} on their degrees of freedom)")
+        refused = [f"{scope_name(scope)} at {ckpt} (F = {check.f:.1f} on ({check.sweep.df:g}, "
+                   f"{check.calibration.df:g}) df, p = {check.p:.2g})"
+                   for ckpt in evidence.ckpts for scope, check in calibration_checks(evidence, ckpt).items()
+                   if not check.pooled]
+        note += f"; refused on {'; '.join(refused)}. " if refused else ". "
     elif evidence.calibration_unused:
         note += f"A/A calibration: {evidence.calibration_unused}. "
     else:
@@ -101,28 +117,114 @@ def pooling_note(evidence: Evidence) -> str:
 
 COVERAGE_FILE = REPO_ROOT / "results" / "bench" / "interval_coverage.json"  # studies/interval_coverage.py's output
 BROKEN_CELLS = {"noisy pair": "a method with 3x the others' training noise",
-                "collapse": "a baseline whose runs collapse 1 time in 10"}
+                "collapse": "a baseline whose runs collapse 1 time in 10",
+                "collapse to zero": "one whose runs drop to near-zero accuracy 1 time in 10"}
 
 
-def coverage_where_assumption_fails(path: Path = COVERAGE_FILE) -> str:
-    """The report's rule's coverage in the simulated cells that break the assumption (mean over benchmarks, over the
-    simulated seed counts), from the coverage study's output; the situations alone when it is absent."""
+def coverage_where_assumption_fails(path: Path = COVERAGE_FILE, share: float | None = None,
+                                    n_seeds: int | None = None, calibrated: bool = False) -> str:
+    """The report's rule's simulated coverage on the mean over benchmarks, from the coverage study's output: at the
+    simulated seed count nearest ``n_seeds`` and the simulated training share (``training_noise.training_share``)
+    nearest the sweep's ``share``, where the assumption holds and in the cells that break it, beside the worst case
+    over every simulated share and seed count (the worst case alone when the share or the seeds are unknown); with
+    ``calibrated``, also the calibrated cells (a calibration that matches the sweep, a stale one). The situations
+    alone when the output is absent."""
     if not path.is_file():
-        return "; ".join(BROKEN_CELLS.values()) + " (studies/interval_coverage.py measures how narrow)."
+        return ("Where it fails: " + "; ".join(BROKEN_CELLS.values())
+                + " (studies/interval_coverage.py measures how narrow).")
     record = json.loads(path.read_text())
-    rule, seeds = record["settings"]["report_rule"], record["settings"]["seeds"]
-    phrases = []
-    for cell, situation in BROKEN_CELLS.items():
-        rates = [record["coverage"][f"{cell}/S={n}"]["mean"]["coverage"][rule] for n in seeds]
-        phrases.append(f"{situation} is covered {min(rates):.2f}-{max(rates):.2f}")
-    return (f"{'; '.join(phrases)} by the 95% intervals (mean over benchmarks, {seeds[0]}-{seeds[-1]} seeds, "
-            f"simulated: results/bench/interval_coverage.json).")
+    settings, coverage = record["settings"], record["coverage"]
+    rule, seeds = settings["report_rule"], settings["seeds"]
+    regimes = settings.get("regimes") or {"simulated": {cell: cell for cell in BROKEN_CELLS}}
+
+    def rate(cell: str, n: int, which: str = rule) -> float:
+        return coverage[f"{cell}/S={n}"]["mean"]["coverage"][which]
+
+    situations = {cell: text for cell, text in BROKEN_CELLS.items() if any(cell in r for r in regimes.values())}
+    worst = {cell: min(rate(regime[cell], n) for regime in regimes.values() if cell in regime for n in seeds)
+             for cell in situations}
+    span = f"{seeds[0]}-{seeds[-1]} seeds"
+    shares = {}
+    if n_seeds is not None:
+        nearest_seeds = min(seeds, key=lambda n: (abs(n - n_seeds), n))
+        shares = {name: coverage[f"{regime['holds']}/S={nearest_seeds}"]["mean"].get("training_share")
+                  for name, regime in regimes.items() if "holds" in regime}
+        shares = {name: value for name, value in shares.items() if value is not None}
+    if share is None or not shares:
+        text = ("Simulated coverage of the 95% Δ intervals on the mean over benchmarks where it fails, worst over "
+                f"{span}: " + "; ".join(f"{situation} {worst[cell]:.2f}" for cell, situation in situations.items()))
+    else:
+        name = min(shares, key=lambda n: abs(shares[n] - share))
+        regime = regimes[name]
+        text = (f"Simulated coverage of the 95% Δ intervals on the mean over benchmarks at {nearest_seeds} seeds and "
+                f"the training share nearest this sweep's (training noise {share:.2f} of a paired difference's "
+                f"per-seed variance, the rest sampling; simulated {shares[name]:.2f}, {name}): "
+                f"{rate(regime['holds'], nearest_seeds):.2f} where every method's training noise is the same size; "
+                + "; ".join(f"{situation} {rate(regime[cell], nearest_seeds):.2f}"
+                            for cell, situation in situations.items() if cell in regime)
+                + f" (the worst of each over the simulated shares {min(shares.values()):.2f}-"
+                f"{max(shares.values()):.2f} and {span}: " + ", ".join(f"{w:.2f}" for w in worst.values()) + ")")
+    cells = settings.get("calibration_cells")
+    if calibrated and cells and n_seeds is not None:
+        matches, stale = cells["matches"], cells["stale"]
+        guarded = settings["calibrated_rule"]
+        refused = coverage[f"{stale}/S={nearest_seeds}"]["mean"]["calibration_refused"]
+        text += (f". With an A/A calibration pooled where its guard lets it: "
+                 f"{rate(matches, nearest_seeds, guarded):.2f} when it matches the sweep's training noise, "
+                 f"{rate(stale, nearest_seeds, guarded):.2f} when the sweep's training sd is 3x the calibration's "
+                 f"(refused in {refused:.0%} of those sweeps; pooled regardless: "
+                 f"{rate(stale, nearest_seeds, 'calibrated, no guard'):.2f}); the figures before are without a "
+                 f"calibration")
+    return text + " (results/bench/interval_coverage.json)."
+
+
+def scope_name(scope: tuple[str, ...]) -> str:
+    return scope[0] if len(scope) == 1 else "the mean over benchmarks"
+
+
+def outlier_note(evidence: Evidence) -> str:
+    """The outlying-run rule in one sentence, and what it found at the full budget."""
+    found = outlying(evidence, evidence.final_ckpt)
+    rule = (f"Outlying runs: a run more than {OUTLIER_K:g} robust scales below its label's other seed(s) on the mean "
+            f"over benchmarks is flagged (docs/statistics.md, 'Outlying runs')")
+    if not found:
+        return f"{rule}; none at {evidence.final_ckpt}."
+    return (f"{rule}; {len(found)} at {evidence.final_ckpt}, listed under its table with each Δ with and without "
+            f"it: {COLLAPSE_ADVICE}.")
+
+
+def outlier_lines(evidence: Evidence) -> list[str]:
+    """The flagged runs at the full budget (``summary.outlying``) and the Δ on the mean with and without them."""
+    ckpt = evidence.final_ckpt
+    found = outlying(evidence, ckpt)
+    if not found:
+        return []
+    lines = [f"**Outlying run** at {ckpt}: {run.describe()} (docs/statistics.md, 'Outlying runs'); read its logs"
+             for run in found]
+    compared = without_outlying(evidence, ckpt, found)
+    if compared:
+        seeds = sorted({run.seed for run in found})
+        left = len(evidence.seeds) - len(seeds)
+
+        def cell(iv) -> str:
+            return f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]"
+
+        note = (" (1 seed left: those intervals hold the problems' sampling only, not training randomness)"
+                if left == 1 else "")
+        lines.append(f"**Δ vs `{evidence.baseline}` on the mean over benchmarks, with / without seed "
+                     f"{', '.join(map(str, seeds))}** (dropped from every label, so the pairs stay paired; "
+                     f"{left} seed(s) left{note}): "
+                     + "; ".join(f"{label} {cell(with_)} / {cell(without)}" for label, with_, without in compared)
+                     + f". {COLLAPSE_ADVICE[0].upper()}{COLLAPSE_ADVICE[1:]}.")
+    return lines
 
 
 def calibration_lines(evidence: Evidence, summary: list[dict]) -> list[str]:
-    """A/A verdicts: the statistics' check (an A/A pair must come out tied); 'calibrated' only when the preset's
-    A/A calibration backs the training noise the intervals use."""
-    tied = "tied (calibrated)" if evidence.calibration is not None else "tied"
+    """A/A verdicts: the statistics' check (an A/A pair must come out tied); 'calibrated' only where the preset's
+    A/A calibration backs the training noise the intervals use (its guard, ``calibration.check_calibration``, lets it
+    in); then each scope where the guard refused it, with the test, and a calibration whose mean scope is implausibly
+    small (``Calibration.mean_warning``)."""
+    checks = {ckpt: calibration_checks(evidence, ckpt) for ckpt in evidence.ckpts}
     lines = []
     for a, b in calibration_pairs(evidence):
         pair = (a, b) if b == evidence.baseline else (b, a)
@@ -133,8 +235,23 @@ def calibration_lines(evidence: Evidence, summary: list[dict]) -> list[str]:
                 continue
             ok = all(v == "tied" for v in verdicts.values())
             detail = ", ".join(f"{bench}: {v}" for bench, v in verdicts.items())
+            refused = [scope for scope, check in checks[ckpt].items() if not check.pooled]
+            pooled = [scope for scope, check in checks[ckpt].items() if check.pooled]
+            tied = "tied"
+            if pooled and not refused:
+                tied = "tied (calibrated)"
+            elif pooled:
+                tied = (f"tied (calibrated on {', '.join(scope_name(s) for s in pooled)}; the calibration refused on "
+                        f"{', '.join(scope_name(s) for s in refused)})")
             lines.append(f"A/A `{pair[0]}` vs `{pair[1]}` at {ckpt}: {tied if ok else 'NOT tied'} "
                          f"({detail})" + ("" if ok else " — the intervals are too narrow for this sweep (more seeds?)"))
+    for ckpt, per_scope in checks.items():
+        lines += [f"**A/A calibration not pooled** at {ckpt} on {scope_name(scope)}: {check.describe()}; those Δ "
+                  f"intervals and detectable effects use the sweep's own pooled noise"
+                  for scope, check in per_scope.items() if not check.pooled]
+    warning = evidence.calibration.mean_warning() if evidence.calibration is not None else ""
+    if warning:
+        lines.append(f"**A/A calibration suspect:** {warning}")
     return lines
 
 
@@ -181,9 +298,11 @@ def claims_note(judged: list[Verdict], reported: Reported | None) -> str:
             f"(equivalent) when the interval lies inside ±margin (default {PARITY_MARGIN_POINTS:g} point), "
             f"contradicted when it lies beyond it. Detectable: the paired effect this sweep's seeds x problems "
             f"call 'reproduced' with 80% power (parity: the margin it establishes with 80% power when the truth is "
-            f"0). The verdict is Holm's, the family-wise error over the {evaluated} evaluated claim(s) of this "
-            f"sweep held at 2.5% per side, unless the detectable effect exceeds the claim's effect: then "
-            f"'insufficient replication', whatever the interval shows (the per-claim verdict stands beside it).")
+            f"0), its pooled training noise taken at the {UPPER_LEVEL:.0%} upper confidence bound as `harness power` "
+            f"plans seeds (so are the seeds that would settle a claim). The verdict is Holm's, the family-wise error "
+            f"over the {evaluated} evaluated claim(s) of this sweep held at 2.5% per side, unless the detectable "
+            f"effect exceeds the claim's effect: then 'insufficient replication', whatever the interval shows (the "
+            f"per-claim verdict stands beside it).")
 
 
 STATISTICS_DOC = "docs/statistics.md"
@@ -202,7 +321,8 @@ def bottom_line_lines(evidence: Evidence, summary: list[dict], reported: Reporte
 def bottom_line_intro(evidence: Evidence, reported: Reported | None) -> str:
     source = "the paper's claims" if reported and reported.claims else "stand-in claims (no paper)"
     return (f"At the full budget ({evidence.final_ckpt}), {source}, {len(evidence.seeds)} seed(s) per label; Δ in "
-            f"points with its 95% interval, the effect this sweep detects with 80% power; details under Claims, "
+            f"points with its 95% interval, the effect this sweep detects with 80% power (its training noise at the "
+            f"{UPPER_LEVEL:.0%} upper bound); details under Claims, "
             f"definitions under How to read these numbers.")
 
 
@@ -218,7 +338,9 @@ def claims_lines(evidence: Evidence, summary: list[dict], reported: Reported | N
         parts += ["### Detectable effects (paired, 80% power)", "",
                   "Per label against the baseline: standard deviations (points) of the paired difference's seed, "
                   "problem and residual components (the largest over benchmarks for the mean) and the effect "
-                  "these seeds x problems detect; `harness power` gives the seeds a smaller effect needs.", "",
+                  f"these seeds x problems detect with the seed sd at its {UPPER_LEVEL:.0%} upper confidence bound "
+                  "(a few seeds' estimate is below the truth about half the time); `harness power` gives the seeds "
+                  "a smaller effect needs.", "",
                   markdown_table(*detectability_table(rows)), ""]
     return parts
 
@@ -243,6 +365,7 @@ def _checkpoint_sections(evidence: Evidence, summary: list[dict]) -> list[str]:
         parts += [f"## {title} ({ckpt})", "", markdown_table(*overview_table(evidence, summary, ckpt)), ""]
         if ckpt == final:
             parts += [f"- {line}" for line in calibration_lines(evidence, summary)]
+            parts += [f"- {line}" for line in outlier_lines(evidence)]
             parts += [f"- **Budget not matched:** {line}" for line in budget_warnings(evidence)] + [""]
         parts += [f"- **Failed run, left out:** `{f['label']}` seed {f['seed']} ({f['stage']}): {f['error']} "
                   f"(log: `{f['log']}`)" for f in evidence.failures]

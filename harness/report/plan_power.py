@@ -343,6 +343,9 @@ def plan_power_lines(resolved: Resolved) -> tuple[list[str], list[str]]:
     lines = [f"power, from the prior {_relative(sizing.prior.path)} (docs/statistics.md, 'Sizing a sweep before "
              f"running it'): the verdict's 95% interval of the paired difference, benchmarks weighted equally",
              *design_lines(sizing, noise), *headline_lines(sizing, noise)]
+    warning = sizing.calibration.mean_warning() if noise is not None and not noise.assumed else ""
+    if warning:  # the mean scope sizes every claim on the mean: say when it is implausibly small
+        lines.append(f"  calibration suspect: {warning}")
     underpowered = []
     for claim in sweep_claims(sizing):
         claim_text, short = claim_lines(sizing, claim)

@@ -46,6 +46,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as scipy_stats
 
+from harness.report.outliers import COLLAPSE_ADVICE, OUTLIER_K, outlying_runs, scores_table
 from harness.report.scores import CONFIDENCE, CrossedVariance, per_problem_scores, score_matrix
 from harness.report.training_noise import TrainingNoise, pooled_training_noise
 
@@ -402,6 +403,21 @@ def lever_lines(comp: VarianceComponents, sampling: Mapping[str, float], k: int,
     return lines
 
 
+def outlier_lines(pilot: Pilot) -> list[str]:
+    """The pilot's outlying runs (``outliers.outlying_runs`` on the mean over its benchmarks; the residual floor
+    only where per-problem scores are there), and what collapse-prone training needs."""
+    table = np.array([np.mean([pilot.seed_means[(lab, b)] for b in pilot.benches], axis=0) for lab in pilot.labels])
+    floor = 0.0
+    if pilot.per_problem(pilot.benches):
+        floor = scores_table({lab: {b: pilot.matrices[(lab, b)] for b in pilot.benches} for lab in pilot.labels})[2]
+    found = outlying_runs(table, pilot.labels, pilot.seeds, floor)
+    rule = f"a seed more than {OUTLIER_K:g} robust scales below its label's other seed(s) on the mean over benchmarks"
+    if not found:
+        return [f"outlying runs ({rule}): none. {COLLAPSE_ADVICE[0].upper()}{COLLAPSE_ADVICE[1:]}"]
+    return [f"outlying runs ({rule}): " + "; ".join(run.describe().replace("`", "") for run in found),
+            f"  the pooled noise below holds them: {COLLAPSE_ADVICE}"]
+
+
 def power_report(pilot: Pilot, pairs: Sequence[tuple[str, str] | None], effects_points: Sequence[float],
                  resolved=None, power: float = POWER) -> str:
     """The text ``harness power`` prints: per pair (None: an A/A pair of the pooled noise), the components with the
@@ -414,7 +430,7 @@ def power_report(pilot: Pilot, pairs: Sequence[tuple[str, str] | None], effects_
              + ", ".join(f"{b} ({pilot.n_problems[b]} problems)" for b in pilot.benches) + f"; from {basis}",
              f"power {power:.0%}, verdict 'reproduced' = the 95% interval excludes 0 on the claimed side; training "
              f"noise pooled over the {len(pilot.labels)} labels (same size for every method assumed); seeds "
-             f"planned on its {UPPER_LEVEL:.0%} upper confidence bound", ""]
+             f"planned on its {UPPER_LEVEL:.0%} upper confidence bound", *(outlier_lines(pilot) if n > 1 else []), ""]
     for pair in pairs:
         for label in pair or ():
             if label not in pilot.labels:

@@ -14,11 +14,12 @@ import numpy as np
 
 from harness.config.paths import WARMSTART_LABEL
 from harness.report import bootstrap, intervals, verdicts
-from harness.report.calibration import sweep_noise
+from harness.report.calibration import CalibrationCheck, sweep_noise, sweep_noise_checked
 from harness.report.evidence import WARMSTART_CKPT, Evidence, spent_at
+from harness.report.outliers import OutlyingRun, outlying_runs, scores_table
 from harness.report.reported import Reported
 from harness.report.scores import CONFIDENCE
-from harness.report.training_noise import TrainingNoise
+from harness.report.training_noise import TrainingNoise, training_share
 
 BOOTSTRAP_SEED = 0
 
@@ -153,10 +154,65 @@ def _mean_over_seeds(evidence: Evidence, label: str, ckpt: str) -> dict[str, flo
 
 def noise_at(evidence: Evidence, ckpt: str, metric: str) -> dict[tuple[str, ...], TrainingNoise]:
     """The training noise pooled over the sweep's labels at ``ckpt`` per scope (``calibration.sweep_noise``), with
-    the preset's A/A calibration for the sampled metric it was measured on."""
-    mats = {lab: {b: evidence.scores[(lab, ckpt, b, metric)] for b in evidence.benches} for lab in evidence.labels
+    the preset's A/A calibration for the sampled metric it was measured on, where its guard lets it."""
+    return sweep_noise(_label_mats(evidence, ckpt, metric), evidence.calibration if metric == evidence.avg_metric
+                       else None)
+
+
+def _label_mats(evidence: Evidence, ckpt: str, metric: str) -> dict[str, dict[str, np.ndarray]]:
+    """{label: {bench: (S, P)}} at ``ckpt`` of the labels scored on every benchmark."""
+    return {lab: {b: evidence.scores[(lab, ckpt, b, metric)] for b in evidence.benches} for lab in evidence.labels
             if all((lab, ckpt, b, metric) in evidence.scores for b in evidence.benches)}
-    return sweep_noise(mats, evidence.calibration if metric == evidence.avg_metric else None)
+
+
+def calibration_checks(evidence: Evidence, ckpt: str) -> dict[tuple[str, ...], CalibrationCheck]:
+    """Per scope the preset's calibration covers, its guard at ``ckpt`` on the sampled metric
+    (``calibration.check_calibration``); empty without a calibration."""
+    if evidence.calibration is None:
+        return {}
+    return sweep_noise_checked(_label_mats(evidence, ckpt, evidence.avg_metric), evidence.calibration)[1]
+
+
+def mean_training_share(evidence: Evidence) -> float | None:
+    """The training share of a paired difference's per-seed variance on the mean over benchmarks at the full budget
+    (``training_noise.training_share``); None with fewer than 2 labels or seeds, or no interaction at all."""
+    mats = _label_mats(evidence, evidence.final_ckpt, evidence.avg_metric)
+    if len(mats) < 2 or len(evidence.seeds) < 2:
+        return None
+    share = training_share(mats)
+    return None if np.isnan(share) else share
+
+
+def outlying(evidence: Evidence, ckpt: str) -> list[OutlyingRun]:
+    """The runs the outlying-run rule flags at ``ckpt`` on the sampled metric's mean over benchmarks
+    (``outliers.outlying_runs``)."""
+    mats = _label_mats(evidence, ckpt, evidence.avg_metric)
+    if not mats or len(evidence.seeds) < 2:
+        return []
+    labels, table, floor = scores_table(mats)
+    return outlying_runs(table, labels, evidence.seeds, floor)
+
+
+def without_outlying(evidence: Evidence, ckpt: str, runs: list[OutlyingRun]
+                     ) -> list[tuple[str, intervals.Interval, intervals.Interval]]:
+    """Per label the flagged runs touch (every label when the baseline's run is flagged), its Δ to the baseline on
+    the mean over benchmarks with every seed and without the flagged runs' seeds (dropped from every label, so the
+    pairs stay paired; the training noise pooled, and guarded, anew on the seeds left)."""
+    baseline = evidence.baseline
+    mats = _label_mats(evidence, ckpt, evidence.avg_metric)
+    if baseline is None or baseline not in mats or not runs:
+        return []
+    keep = [i for i, seed in enumerate(evidence.seeds) if seed not in {run.seed for run in runs}]
+    if not keep:  # every seed index holds a flagged run: nothing is left to compare
+        return []
+    reduced = {lab: {b: m[keep] for b, m in per.items()} for lab, per in mats.items()}
+    calibration = evidence.calibration
+    scope = tuple(evidence.benches)
+    noise, fewer = sweep_noise(mats, calibration).get(scope), sweep_noise(reduced, calibration).get(scope)
+    touched = {run.label for run in runs}
+    labels = [lab for lab in mats if lab != baseline and (baseline in touched or lab in touched)]
+    return [(lab, intervals.aggregate_difference(mats[lab], mats[baseline], noise=noise),
+             intervals.aggregate_difference(reduced[lab], reduced[baseline], noise=fewer)) for lab in labels]
 
 
 def calibration_pairs(evidence: Evidence) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ import math
 
 from harness.config.paths import WARMSTART_LABEL
 from harness.report.evidence import WARMSTART_CKPT, Evidence
-from harness.report.power import MAX_SEEDS
+from harness.report.power import MAX_SEEDS, UPPER_LEVEL
 from harness.report.reported import Reported
 from harness.report.summary import BaselineLevel
 from harness.report.verdicts import ALPHA_ONE_SIDED, Verdict
@@ -214,10 +214,11 @@ def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | N
 
 def detectability_table(rows: list[dict]) -> Table:
     """Per label and benchmark (or the mean): the paired difference's variance components and detectable effect."""
-    header = ["method", "vs", "benchmark", "seeds x problems", "seed sd", "problem sd", "residual sd",
-              "detectable at 80% power", "seed variance"]
+    header = ["method", "vs", "benchmark", "seeds x problems", "seed sd", f"seed sd, {UPPER_LEVEL:.0%} bound",
+              "problem sd", "residual sd", "detectable at 80% power (seed sd at its bound)", "seed variance"]
     body = [[r["method"], r["baseline"], r["bench"], f"{r['n_seeds']} x {r['n_problems']}", _points(r["seed_sd"]),
-             _points(r["problem_sd"]), _points(r["residual_sd"]), _points(r["detectable"]), r["variance"] or ""]
+             _points(r.get("seed_sd_bound")), _points(r["problem_sd"]), _points(r["residual_sd"]),
+             _points(r["detectable"]), r["variance"] or ""]
             for r in rows]
     return header, body
 

@@ -60,14 +60,16 @@ class TrainingNoise:
         """The training noise one pair's interval uses: this one, or with a finite ``prior_df`` d0 moderated toward
         the pair's own, T~ = max(0, (d0 T + d T_own) / (d0 + d)) with d = S - 1 and min(d0 + d, df) degrees of
         freedom (basis ``MODERATED[basis]``); T_own = S (seed - residual) is the pair's own seed variance beyond its
-        residual."""
+        residual. Its ``external_df`` (what more seeds do not add to, ``power.VarianceComponents.pooled``) is d0 where
+        d0 + d sets the degrees of freedom (each seed adds one), else this noise's own."""
         if math.isinf(self.prior_df):
             return self
         n_seeds = own.seed_df + 1
         own_noise = n_seeds * (own.seed - own.residual)
         weights = self.prior_df + own.seed_df
         variance = max(0.0, (self.prior_df * self.variance + own.seed_df * own_noise) / weights)
-        return TrainingNoise(variance, min(weights, self.df), MODERATED[self.basis], self.external_df)
+        external = self.prior_df if weights < self.df else self.external_df
+        return TrainingNoise(variance, min(weights, self.df), MODERATED[self.basis], external)
 
 
 def row_residual(scores: Mapping[str, np.ndarray]) -> float:
@@ -114,6 +116,18 @@ def pooled_training_noise(scores: Mapping[str, Mapping[str, np.ndarray]]) -> Tra
         ms_lsp = float((_triply_centred(cube) ** 2).sum()) / (df * (n_problems - 1))
         residual += w**2 * ms_lsp / n_problems
     return TrainingNoise(max(0.0, 2 * ms_ls - 2 * residual), df, POOLED, prior_df=labels_prior_df(table))
+
+
+def training_share(scores: Mapping[str, Mapping[str, np.ndarray]]) -> float:
+    """The share of a paired difference's per-seed variance that is training noise, T / 2 MS_LS (the rest, 2 sum_b
+    w^2 MS_LSP_b / P_b, is the seed x problem residual: sampling), from {label: {bench: (S, P_b)}} of >= 2 labels
+    and seeds; nan when the labels x seeds table has no interaction at all. The coverage study's cells are indexed by
+    it (docs/statistics.md, 'Coverage')."""
+    labels = sorted(scores)
+    benches = sorted(scores[labels[0]])
+    table = np.mean([np.stack([scores[lab][b].mean(axis=1) for lab in labels]) for b in benches], axis=0)
+    per_seed = 2 * float((_doubly_centred(table) ** 2).sum()) / ((len(labels) - 1) * (table.shape[1] - 1))
+    return pooled_training_noise(scores).variance / per_seed if per_seed > 0 else math.nan
 
 
 def labels_prior_df(table: np.ndarray) -> float:

@@ -42,7 +42,10 @@ improvement claim judged "contradicted" under such a baseline says so ("contradi
 For parity the detectable effect is
 the smallest margin the sweep establishes with 80% power when the truth is 0: TOST passes when both one-sided tests
 do, so each at ``PARITY_POWER`` = 90% gives >= 80% (``power.detectable_effect`` at 90%). The intervals and detectable
-effects pool the sweep's training noise over its labels (``training_noise.pooled_variance``) when given it.
+effects pool the sweep's training noise over its labels (``training_noise.pooled_variance``) when given it. A
+detectable effect, and the seeds that would settle a claim, take that pooled noise at its one-sided
+``power.UPPER_LEVEL`` upper confidence bound, as ``harness power`` plans seeds (a 2-seed sweep's 7-df estimate is
+below the truth about half the time); the interval and the verdict take the estimate.
 """
 
 from __future__ import annotations
@@ -293,7 +296,7 @@ def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None,
     if interval.high == interval.low:
         return Verdict(claim, NOT_JUDGED, "every paired difference is the same (e.g. both at 0 on every problem): an "
                                           "interval without width says nothing about the claim", interval)
-    components = pair_components(differences, interval.variance, noise)
+    components = pair_components(differences, interval.variance, noise, upper=True)
     detectable = power.detectable_effect(components, n_seeds,
                                          PARITY_POWER if claim.kind == "parity" else power.POWER)
     p_reproduce, p_contradict = claim_pvalues(claim, interval)
@@ -304,10 +307,14 @@ def judge(claim: Claim, differences: Mapping[str, np.ndarray] | None,
 
 
 def pair_components(differences: Mapping[str, np.ndarray], variance: CrossedVariance,
-                    noise: TrainingNoise | None) -> power.VarianceComponents:
-    """The variance components behind a pair's interval: its seed part pooled where the interval's is."""
+                    noise: TrainingNoise | None, upper: bool = False) -> power.VarianceComponents:
+    """The variance components behind a pair's interval: its seed part pooled where the interval's is; with
+    ``upper``, that pooled noise at its ``power.UPPER_LEVEL`` upper confidence bound (module docstring)."""
     own = power.variance_components(differences)
-    return own.pooled(noise.for_pair(crossed_variance(differences))) if variance.basis != OWN else own
+    if variance.basis == OWN:
+        return own
+    pooled = noise.for_pair(crossed_variance(differences))
+    return own.pooled(power.upper_bound(pooled) if upper else pooled)
 
 
 def with_holm(verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -363,7 +370,8 @@ def detectability_rows(scores: Mapping[tuple[str, str, str, str], np.ndarray], l
                        noise: Mapping[tuple[str, ...], TrainingNoise] | None = None) -> list[dict]:
     """Per label vs the baseline, per benchmark and the mean: variance components (sd in points) of the paired
     difference, pooled as its interval is (``noise``: scope -> the sweep's training noise), which variance that is,
-    and the detectable effect at 80% power for this sweep's S x P (points; None with one seed)."""
+    and the detectable effect at 80% power for this sweep's S x P (points; None with one seed), the pooled training
+    noise at its ``power.UPPER_LEVEL`` upper bound (``seed_sd_bound``), as the claims' detectable effects."""
     noise = noise or {}
     rows = []
     if baseline is None:
@@ -377,16 +385,18 @@ def detectability_rows(scores: Mapping[tuple[str, str, str, str], np.ndarray], l
             differences = {b: scores[(label, ckpt, b, metric)] - scores[(baseline, ckpt, b, metric)] for b in chosen}
             n_seeds = next(iter(differences.values())).shape[0]
             row = {"method": label, "baseline": baseline, "bench": scope, "n_seeds": n_seeds,
-                   "n_problems": sum(d.shape[1] for d in differences.values()), "seed_sd": None, "problem_sd": None,
-                   "residual_sd": None, "detectable": None, "variance": None}
+                   "n_problems": sum(d.shape[1] for d in differences.values()), "seed_sd": None,
+                   "seed_sd_bound": None, "problem_sd": None, "residual_sd": None, "detectable": None,
+                   "variance": None}
             if n_seeds > 1:
                 scope_noise = noise.get(tuple(sorted(chosen)))
                 interval = difference_interval(differences, scope_noise)
                 comp = pair_components(differences, interval.variance, scope_noise)
+                bound = pair_components(differences, interval.variance, scope_noise, upper=True)
                 row["variance"] = interval.variance.basis
-                row.update(seed_sd=100 * math.sqrt(comp.seed),
+                row.update(seed_sd=100 * math.sqrt(comp.seed), seed_sd_bound=100 * math.sqrt(bound.seed),
                            problem_sd=100 * math.sqrt(max(comp.problem.values())),
                            residual_sd=100 * math.sqrt(max(comp.residual.values())),
-                           detectable=100 * power.detectable_effect(comp, n_seeds))
+                           detectable=100 * power.detectable_effect(bound, n_seeds))
             rows.append(row)
     return rows
