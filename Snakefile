@@ -98,6 +98,10 @@ wildcard_constraints:
 # Cluster resources per rule, from the preset's `resources` section (harness/ops/resources.py); the SLURM profile
 # (profiles/slurm) only sets executor options. Locally only `gpu` counts, and only with --resources gpu=N.
 RES = rule_resources(PRESET)
+# Rule train's retries: None keeps the profile's one retry (and none locally) when one time limit holds the training
+# budget; a budget longer than resources.train.runtime gets enough resubmissions, each resuming from the last trainer
+# checkpoint, plus one spare (harness.ops.resources.train_retries; docs/cluster.md).
+TRAIN_RETRIES = train_retries(PRESET)
 # Eval-only labels: their method config names a released `checkpoint`; the fetch rule writes their run.json.
 RELEASED = released_checkpoints(RESOLVED)
 _released_alternation = "|".join(re.escape(label) for label in RELEASED)
@@ -182,6 +186,7 @@ rule train:
     # longest jobs first: on a few cores every training job starts before any eval job, so the short eval jobs
     # fill the cores at the end instead of one long training job running alone (default sweep: see README)
     priority: 1
+    retries: TRAIN_RETRIES
     resources:
         **RES["train"],
     shell:

@@ -1,10 +1,12 @@
 """Cluster scale: resources per rule, launch commands, launch checks, job counts and GPU-hours, the paper sweeps'
 DAGs dry-run through the SLURM profile (nothing is submitted), and the eval-only mode for released checkpoints."""
 
+import ast
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +18,18 @@ from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import ConfigError, JobResources
 from harness.ops.resources import (
+    KEPT_TRAINER_CHECKPOINTS,
+    PROFILE_RETRIES,
+    checkpoint_disk,
     format_plan,
     job_counts,
     plan,
     plan_warnings,
     rule_resources,
+    sbatch_command,
     snakemake_resources,
     train_command,
+    train_retries,
     training_processes,
 )
 
@@ -61,7 +68,42 @@ def test_gpu_job_resources_map_to_plugin_keys():
                        account="proj", extra="--qos=high")
     assert snakemake_resources(job) == {"gpu": 4, "gpu_model": "h100", "cpus_per_gpu": 12, "mem_mb": 256000,
                                         "runtime": 900, "slurm_partition": "gpu", "slurm_account": "proj",
-                                        "slurm_extra": "--qos=high"}
+                                        "slurm_extra": "--qos=high", "nodes": 1}
+
+
+def test_gres_form_asks_for_gpus_as_gres_and_cpus_per_task():
+    """resources.gpu_request=gres: --gres=gpu:[<model>:]N and --cpus-per-task = GPUs x cpus_per_gpu, no `gpu` key
+    (the plugin would add --gpus for it); CPU jobs are the same in both forms."""
+    job = JobResources(gpus=4, gpu_model="h100", cpus_per_gpu=12, mem_mb=256000, runtime=900, partition="gpu")
+    assert snakemake_resources(job, "gres") == {"gres": "gpu:h100:4", "cpus_per_task": 48, "nodes": 1,
+                                                "mem_mb": 256000, "runtime": 900, "slurm_partition": "gpu"}
+    assert snakemake_resources(JobResources(gpus=1), "gres")["gres"] == "gpu:1"
+    cpu = JobResources(mem_mb=2000, runtime=30)
+    assert snakemake_resources(cpu, "gres") == snakemake_resources(cpu) == {"gpu": 0, "mem_mb": 2000, "runtime": 30}
+    res = rule_resources(_preset("paper-ktae", "resources.gpu_request=gres"))
+    assert (res["train"]["gres"], res["train"]["cpus_per_task"], res["eval"]["gres"]) == ("gpu:4", 32, "gpu:1")
+    assert all("gpu" not in res[rule] for rule in ("train", "eval")) and res["data"]["gpu"] == 0
+    with pytest.raises(ConfigError, match="gpu_request"):
+        resolve(SWEEPS / "paper-ktae.yaml", ["resources.gpu_request=tres"])
+
+
+@pytest.mark.skipif(not HAS_SLURM_PLUGIN, reason="the SLURM executor plugin (the `cluster` extra) is not installed")
+@pytest.mark.parametrize("gpu_request", ["gpus", "gres"])
+def test_the_plugin_turns_a_gpu_rule_into_one_node_sbatch_flags(gpu_request):
+    """The sbatch command line the installed plugin builds from each rule's resources (its own functions)."""
+    preset = _preset("paper-ktae", f"resources.gpu_request={gpu_request}", "resources.train.partition=gpu",
+                     "resources.train.account=proj")
+    res = rule_resources(preset)
+    train = shlex.split(sbatch_command(res["train"], preset.train.threads, "/w"))
+    assert {"--nodes=1", "-t", "900", "--mem", "256000", "-p", "gpu", "-A", "proj"} <= set(train)
+    gpu_flags = [f for f in train if f.startswith(("--gpus", "--gres", "--cpus-per"))]
+    assert gpu_flags == (["--cpus-per-gpu=8", "--gpus=4"] if gpu_request == "gpus"
+                         else ["--cpus-per-task=32", "--gres=gpu:4"])
+    evaluation = shlex.split(sbatch_command(res["eval"], preset.eval.threads, "/w"))
+    assert "--nodes=1" in evaluation and ("--gpus=1" if gpu_request == "gpus" else "--gres=gpu:1") in evaluation
+    data = shlex.split(sbatch_command(res["data"], 1, "/w"))  # a CPU job: one task, the rule's threads, any nodes
+    assert {"--ntasks=1", "--cpus-per-task=1", "-t", "30", "--mem", "4000"} <= set(data)
+    assert not [f for f in data if f.startswith(("--nodes", "--gpus", "--gres", "--cpus-per-gpu"))]
 
 
 def test_every_rule_has_resources_and_fetch_takes_warmstarts():
@@ -224,6 +266,101 @@ def test_harness_plan_cli(capsys):
     assert re.search(r"^fetch\s+4\s+0", out, flags=re.M) and re.search(r"^eval\s+5\s+1", out, flags=re.M)
 
 
+# --- retries sized to the training time ---------------------------------------------------------------------------
+
+
+def test_profile_retries_are_the_ones_the_plan_counts_on():
+    profile = yaml.safe_load((REPO_ROOT / "profiles" / "slurm" / "profile.yaml").read_text())
+    assert profile["retries"] == PROFILE_RETRIES == 1 and profile["rerun-incomplete"] is True
+
+
+@pytest.mark.parametrize("sweep, overrides, retries", [
+    ("paper-rsi", [], None),  # 12 h of budget in a 15 h limit: the profile's one retry is the spare
+    ("paper-8020", [], None),  # 24 h in 30 h
+    ("paper-rsi", ["resources.train.runtime=720"], None),  # exactly one limit
+    ("paper-rsi", ["resources.train.runtime=300"], 3),  # 12 h / 5 h: 3 limits, one spare
+    ("paper-8020", ["resources.train.runtime=1440"], None),  # a site's 24 h limit holds the 24 h budget once
+    ("paper-8020", ["resources.train.runtime=720"], 2),
+    ("paper-ktae", [], None),  # a rollout budget: time not known, the limit is the bound
+    ("paper-ktae", ["resources.train.estimate_minutes=2000"], 3),  # 2000 min in 900 min limits: 3, one spare
+    ("paper-rsi", ["resources.train.runtime=300", "train.save_every_steps=0"], None),  # a retry would start over
+    ("default", [], None),
+])
+def test_train_retries_cover_the_budgeted_time(sweep, overrides, retries):
+    preset = _preset(sweep, *overrides)
+    assert train_retries(preset) == retries
+    if retries is not None:  # the time limits cover the budget with one limit to spare
+        minutes = preset.train.budget.amount / training_processes(preset) / 60 if sweep != "paper-ktae" else 2000
+        runtime = preset.resources.train.runtime
+        assert runtime * retries >= minutes > runtime * (retries - 1)
+
+
+def test_the_snakefile_gives_rule_train_its_retries(tmp_path):
+    """Rule train's `retries:` directive, read from the parsed workflow (Snakemake's API); the other rules keep the
+    profile's (None)."""
+    code = f"""
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, Quietness, ResourceSettings
+out = {{}}
+for name, config in {{"fits": {{}}, "short": {{"resources": {{"train": {{"runtime": 300}}}}}}}}.items():
+    with SnakemakeApi(OutputSettings(quiet={{Quietness.ALL}})) as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(), snakefile=Path({str(REPO_ROOT / "Snakefile")!r}),
+                                config_settings=ConfigSettings(configfiles=[Path({str(SWEEPS / "paper-rsi.yaml")!r})],
+                                config={{"results_dir": {str(tmp_path / "results")!r}, **config}}),
+                                workdir=Path({str(tmp_path)!r}))
+        out[name] = {{rule.name: rule._restart_times for rule in workflow._workflow.rules}}  # None: --retries
+print(json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    retries = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(retries["fits"].values()) == {None}
+    assert retries["short"]["train"] == 3 and {r for k, r in retries["short"].items() if k != "train"} == {None}
+
+
+def test_plan_prints_the_train_time_limits():
+    text = format_plan(resolve(SWEEPS / "paper-rsi.yaml", ["resources.train.runtime=300"]))
+    assert ("train time limit: 300 min x 4 attempts (rule train's retries: 3) = 20.0 h for 12.00 h budgeted"
+            in text)
+    assert "rule train's retries: 3 resubmit it" in text  # the warning
+    assert "the profile's retries: 1) = 30.0 h for 12.00 h" in format_plan(resolve(SWEEPS / "paper-rsi.yaml"))
+    assert "train time limit" not in format_plan(resolve(SWEEPS / "default.yaml"))  # CPU jobs run locally
+
+
+# --- disk of the checkpoints --------------------------------------------------------------------------------------
+
+
+def test_kept_trainer_checkpoints_agree_with_the_trainer():
+    """harness/train/trl/trainer.py's constant, read from its source (importing it loads TRL)."""
+    tree = ast.parse((REPO_ROOT / "harness" / "train" / "trl" / "trainer.py").read_text())
+    values = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+              and any(getattr(t, "id", None) == "KEPT_TRAINER_CHECKPOINTS" for t in node.targets)]
+    assert values == [KEPT_TRAINER_CHECKPOINTS]
+
+
+def test_plan_counts_the_disk_of_trainer_and_budget_checkpoints():
+    from harness.config.memory import GIB, architecture
+
+    # ddp, float32 masters: weights 4 + AdamW's two moments 8 bytes per parameter; budget checkpoints in bf16
+    resolved = resolve(SWEEPS / "paper-ktae.yaml")
+    n = architecture(resolved.preset.model).parameters
+    disk = checkpoint_disk(resolved)
+    assert (disk.trainer_bytes, disk.budget_bytes, disk.budget_checkpoints, disk.runs) == (12 * n, 2 * n, 4, 9)
+    assert disk.run_peak == 3 * 12 * n + 4 * 2 * n and disk.run_final == 2 * 12 * n + 4 * 2 * n
+    text = format_plan(resolved)
+    assert f"trainer checkpoint (every 24 steps): {12 * n / GIB:.1f} GiB" in text
+    assert f"sweep: 9 runs x {disk.run_peak / GIB:.1f} GiB = {9 * disk.run_peak / GIB:.1f} GiB at most" in text
+    # ZeRO-3: the gathered bf16 weights 2 + DeepSpeed's float32 masters and moments 12 bytes per parameter
+    nat = checkpoint_disk(resolve(SWEEPS / "paper-nat.yaml"))
+    assert nat.trainer_bytes == 14 * nat.parameters and (nat.budget_checkpoints, nat.runs) == (2, 12)
+    none = checkpoint_disk(resolve(SWEEPS / "paper-ktae.yaml", ["train.save_every_steps=0"]))
+    assert none.trainer_parts == [] and none.run_peak == none.run_final == 4 * 2 * n
+    assert checkpoint_disk(resolve(SWEEPS / "default.yaml")) is None  # CPU presets: not printed
+    assert "disk of the train jobs" not in format_plan(resolve(SWEEPS / "default.yaml"))
+
+
 # --- the DAG through the SLURM profile (dry run: nothing is submitted) ----------------------------------------------
 
 
@@ -274,7 +411,7 @@ def test_paper_sweep_dry_run_with_the_slurm_profile(sweep, tmp_path):
             continue
         gpus = {"train": train_gpus, "eval": eval_gpus}.get(job["rule"], 0)
         assert int(resources["gpu"]) == gpus, job
-        assert ("cpus_per_gpu" in resources) == (gpus > 0)
+        assert ("cpus_per_gpu" in resources) == (gpus > 0) and ("nodes" in resources) == (gpus > 0)
         section = "warmstart" if job["rule"] == "fetch" else job["rule"]
         assert int(resources["mem_mb"]) == getattr(preset.resources, section).mem_mb
         assert int(resources["runtime"]) == getattr(preset.resources, section).runtime
@@ -291,6 +428,15 @@ def test_partition_and_account_come_from_the_config(tmp_path):
     data = next(j for j in jobs if j["rule"] == "data")["resources"]
     assert (train["slurm_partition"], train["slurm_account"], data["slurm_partition"]) == ("gpu-long", "proj", "cpu")
     assert "slurm_account" not in data
+
+
+def test_gres_form_in_the_dag(tmp_path):
+    output = dry_run(SWEEPS / "paper-ktae.yaml", tmp_path, "resources={gpu_request: gres}")
+    jobs = job_blocks(output)
+    train = next(j for j in jobs if j["rule"] == "train")["resources"]
+    assert (train["gres"], train["cpus_per_task"], train["nodes"]) == ("gpu:4", "32", "1") and "gpu" not in train
+    data = next(j for j in jobs if j["rule"] == "data")["resources"]
+    assert data["gpu"] == "0" and "gres" not in data and "nodes" not in data
 
 
 def test_default_sweep_dry_run_is_unchanged_by_the_profile(tmp_path):
@@ -320,8 +466,96 @@ def test_profile_sets_executor_options_only():
 
 
 def test_shell_scripts_parse():
-    for script in ("train-with-vllm-server.sh", "gpu-smoke.sh"):
+    for script in ("train-with-vllm-server.sh", "gpu-smoke.sh", "submit-orchestrator.sh"):
         subprocess.run(["bash", "-n", str(REPO_ROOT / "scripts" / script)], check=True)
+
+
+# --- the orchestrator as a Slurm job (scripts/submit-orchestrator.sh, against a stub sbatch) --------------------------
+
+ORCHESTRATOR = REPO_ROOT / "scripts" / "submit-orchestrator.sh"
+STUB_SBATCH = """#!/bin/bash
+printf '%s\\n' "$@" > "$STUB_DIR/args"
+cat > "$STUB_DIR/script"
+echo "4242;cluster1"
+"""
+
+
+def _orchestrator_sweep(tmp_path: Path) -> Path:
+    sweep = tmp_path / "orch.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "orch", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
+                                     "results_dir": str(tmp_path / "results")}))
+    return sweep
+
+
+def _submit(tmp_path: Path, *args: str, sbatch: bool = True, **env: str) -> subprocess.CompletedProcess:
+    """Runs the script with a stub sbatch first on PATH (or, ``sbatch=False``, a PATH of coreutils without one)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if sbatch:
+        (bin_dir / "sbatch").write_text(STUB_SBATCH)
+        (bin_dir / "sbatch").chmod(0o755)
+        path = f"{bin_dir}:{os.environ['PATH']}"
+    else:
+        for tool in ("dirname", "basename", "sed", "cat", "mkdir", "head", "tail"):
+            (bin_dir / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True,
+                                                       check=True).stdout.strip())
+        path = str(bin_dir)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}, "PATH": path,
+           "STUB_DIR": str(tmp_path), **env}
+    return subprocess.run(["/bin/bash", str(ORCHESTRATOR), *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+
+
+def test_orchestrator_is_submitted_as_a_long_one_cpu_job(tmp_path):
+    sweep = _orchestrator_sweep(tmp_path)
+    extra = ["--config", "resources={train: {partition: gpu, account: my proj}}", "-j", "8", "it's $HOME"]
+    run = _submit(tmp_path, "--time", "2-00:00:00", "--partition", "long", "orch.yaml", *extra,
+                  ORCHESTRATOR_ACCOUNT="proj", ORCHESTRATOR_MEM="2G")
+    assert run.returncode == 0, run.stderr
+    logs = tmp_path / "results" / "orch" / "logs"
+    assert (tmp_path / "args").read_text().splitlines() == [
+        "--parsable", "--job-name=snakemake-orch", "--ntasks=1", "--nodes=1", "--cpus-per-task=1", "--mem=2G",
+        "--time=2-00:00:00", f"--output={logs}/orchestrator-%j.log", f"--chdir={REPO_ROOT}", "--signal=B:INT@600",
+        "--partition=long", "--account=proj"]
+    assert logs.is_dir()
+    assert "as Slurm job 4242 " in run.stdout and f"tail -f {logs}/orchestrator-4242.log" in run.stdout
+    assert "scancel --batch --signal=INT 4242" in run.stdout
+    # the batch script runs the checkout's snakemake with the profile and every argument as given: run it with a
+    # stub in place of snakemake that records its working directory and arguments
+    script = (tmp_path / "script").read_text()
+    assert script.startswith("#!/bin/bash\n")
+    snakemake = REPO_ROOT / ".venv" / "bin" / "snakemake"
+    assert f"exec {snakemake} --profile {REPO_ROOT / 'profiles' / 'slurm'} --configfile {sweep} " in script
+    stub = tmp_path / "snakemake-stub"
+    stub.write_text(f'#!/bin/bash\npwd > {tmp_path}/cwd\nprintf "%s\\n" "$@" > {tmp_path}/argv\n')
+    stub.chmod(0o755)
+    subprocess.run(["bash", "-c", script.replace(str(snakemake), str(stub))], check=True, cwd=tmp_path, timeout=30)
+    assert (tmp_path / "cwd").read_text().strip() == str(REPO_ROOT)
+    assert (tmp_path / "argv").read_text().splitlines() == [
+        "--profile", str(REPO_ROOT / "profiles" / "slurm"), "--configfile", str(sweep), *extra]
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["orch.yaml"], {"sbatch": False}, "sbatch not found"),
+    (["missing.yaml"], {}, "no sweep file missing.yaml"),
+    (["--queue", "q", "orch.yaml"], {}, "unknown option --queue"),
+    (["--time"], {}, "--time needs a value"),
+    (["orch.yaml"], {"ORCHESTRATOR_VENV": "/nonexistent"}, "no snakemake in /nonexistent"),
+    (["--stop-before", "10m", "orch.yaml"], {}, "--stop-before takes seconds"),
+    (["bad.yaml"], {}, "does not resolve"),
+])
+def test_orchestrator_refuses_before_submitting(tmp_path, args, env, fragment):
+    _orchestrator_sweep(tmp_path)
+    (tmp_path / "bad.yaml").write_text("name: bad\npreset: no-such-preset\n")
+    run = _submit(tmp_path, *args, **env)
+    assert run.returncode != 0 and fragment in run.stderr, run.stderr
+    assert not (tmp_path / "args").exists()  # sbatch never ran
+
+
+def test_orchestrator_usage_without_a_sweep(tmp_path):
+    run = _submit(tmp_path)
+    assert run.returncode == 2 and "SWEEP_FILE [SNAKEMAKE_ARGS...]" in run.stderr
+    assert _submit(tmp_path, "--help").returncode == 0
 
 
 # --- eval-only labels: released checkpoints -----------------------------------------------------------------------

@@ -12,6 +12,10 @@ Both resubmissions resume from the trainer checkpoint (run.json `resumed_from`),
 exactly as the local one: leaderboard, every generation, the training metrics and the final weights (CPU
 determinism; only wall/CPU seconds and peak memory differ).
 
+Beside the sweep, the Slurm requests are checked with `sbatch --test-only` (nothing runs): a GPU rule's flags as the
+executor plugin builds them (--nodes=1, CPUs, memory, time limit; the GPU flags themselves only as text, as this
+node has no GPU) and scripts/submit-orchestrator.sh's job.
+
 Needs a cluster that answers `sinfo` (`sudo scripts/local-slurm.sh start` makes one on this machine; .ci/run does)
 and the `cluster` extra; skipped otherwise. Jobs run with a PATH that does not hold the venv, as a user's login
 shell would: the Snakefile makes jobs find `harness` next to Snakemake's interpreter. The cluster has no
@@ -25,6 +29,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -248,3 +253,90 @@ def test_slurm_sweep_equals_the_local_sweep(sweeps):
         assert len(local_metrics) == STEPS and len({m["loss"] for m in local_metrics}) > 1  # it did learn something
         weights = [(root / run / "ckpt-100" / "model.safetensors").read_bytes() for root in (local, slurm)]
         assert weights[0] == weights[1], label
+
+
+# --- the Slurm requests, through `sbatch --test-only` (no job runs) --------------------------------------------------
+
+
+def _test_only(flags: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["sbatch", "--test-only", *flags, "--wrap", "true"], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("gpu_request", ["gpus", "gres"])
+def test_a_gpu_rules_flags_pass_sbatch_test_only(gpu_request, tmp_path):
+    """paper-ktae's train rule as the SLURM executor plugin submits it (its own get_submit_command and
+    set_gres_string: harness.ops.resources.sbatch_command), with one GPU, one CPU per GPU and 500 MB so that a
+    small node could hold it, and the preset's time limit. This node has no GPU: the GPU flags are checked as text,
+    and the rest (--nodes=1, the CPUs, memory and time limit, partition-free defaults) must be accepted by
+    sbatch --test-only; the whole command is refused for the GPUs alone."""
+    from harness.config.loading import resolve
+    from harness.ops.resources import rule_resources, sbatch_command
+
+    preset = resolve(REPO / "configs" / "sweeps" / "paper-ktae.yaml", [
+        f"resources.gpu_request={gpu_request}", "resources.train.gpus=1", "resources.train.cpus_per_gpu=1",
+        "resources.train.mem_mb=500"]).preset
+    command = shlex.split(sbatch_command(rule_resources(preset)["train"], preset.train.threads, str(tmp_path),
+                                         str(tmp_path / "%j.log")))
+    assert command[0] == "sbatch" and "--nodes=1" in command and ["-t", "900"] == command[command.index("-t"):][:2]
+    gpu_flags = [f for f in command if f.startswith(("--gpus", "--gres", "--cpus-per-gpu"))]
+    assert gpu_flags == (["--cpus-per-gpu=1", "--gpus=1"] if gpu_request == "gpus" else ["--gres=gpu:1"])
+    assert ("--cpus-per-task=1" in command) == (gpu_request == "gres")
+    rest = [f for f in command[1:] if f not in gpu_flags]
+    accepted = _test_only(rest)
+    assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted.stderr
+    refused = _test_only(command[1:])  # the same with its GPU request: no node here has a GPU
+    assert refused.returncode != 0, refused.stderr
+
+
+def test_orchestrator_job_passes_sbatch_test_only(tmp_path):
+    """scripts/submit-orchestrator.sh --test-only: its 1-CPU job (defaults: 3 days, 4G) on this cluster."""
+    sweep = tmp_path / "orch.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "orch", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
+                                     "results_dir": str(tmp_path / "results")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    run = subprocess.run(["bash", str(REPO / "scripts" / "submit-orchestrator.sh"), "--test-only", str(sweep)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0 and "to start at" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert (tmp_path / "results" / "orch" / "logs").is_dir()
+    names = subprocess.run(["squeue", "-h", "--states=all", "-o", "%j"], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    assert "snakemake-orch" not in names  # nothing was submitted
+
+
+def test_orchestrator_job_stops_with_the_jobs_it_submitted(tmp_path):
+    """The orchestrator for real: scripts/submit-orchestrator.sh submits Snakemake, which submits the data job (held
+    back an hour by --begin, so that it is still queued); `scancel --batch --signal=INT`, the stop the script prints,
+    makes Snakemake cancel it and exit with its lock released, where a plain scancel (SIGTERM) would leave it."""
+    sweep = tmp_path / "stop.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "stop", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
+                                     "results_dir": str(tmp_path / "results")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    submit = subprocess.run(
+        ["bash", str(REPO / "scripts" / "submit-orchestrator.sh"), "--time", "15", "--mem", "2G", str(sweep),
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--slurm-status-command", "squeue",
+         "--slurm-init-seconds-before-status-checks", "5", "--config", "resources={data: {extra: --begin=now+1hour}}"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert submit.returncode == 0, submit.stderr
+    orchestrator = re.search(r"as Slurm job (\d+) ", submit.stdout).group(1)
+    log = tmp_path / "results" / "stop" / "logs" / f"orchestrator-{orchestrator}.log"
+    deadline = time.monotonic() + 300
+    data_job = None
+    try:
+        while data_job is None:
+            assert time.monotonic() < deadline, "the orchestrator submitted no data job:\n" + (
+                log.read_text()[-3000:] if log.is_file() else "(no log)")
+            data_job = next((i for i, job in _squeue().items() if job["comment"] == "rule_data"
+                             and job["state"] == "PENDING"), None)
+            time.sleep(2)
+        subprocess.run(["scancel", "--batch", "--signal=INT", orchestrator], check=True, timeout=30)
+        while _squeue().get(orchestrator, {}).get("state") in ("PENDING", "RUNNING", "COMPLETING"):
+            assert time.monotonic() < deadline, "the orchestrator did not stop:\n" + log.read_text()[-3000:]
+            time.sleep(2)
+    finally:
+        for job_id in (orchestrator, data_job):
+            if job_id and _squeue().get(job_id, {}).get("state") in ("PENDING", "RUNNING"):
+                subprocess.run(["scancel", job_id], timeout=30)
+    assert _squeue()[data_job]["state"] == "CANCELLED"
+    assert "Terminating processes on user request" in log.read_text()
+    assert not list((tmp_path / ".snakemake" / "locks").glob("*"))

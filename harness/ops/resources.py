@@ -3,28 +3,33 @@
 The Snakefile calls these small pure functions of the resolved configuration (tests/test_cluster.py checks them
 and the DAG they give); ``harness plan`` prints the cost of a sweep from them.
 
-- ``snakemake_resources(job)``: a rule's ``resources:`` from ``resources.<rule>`` of the preset. Keys are the
-  ones the SLURM executor plugin reads (``gpu``, ``gpu_model``, ``cpus_per_gpu``, ``mem_mb``, ``runtime``,
-  ``slurm_partition``, ``slurm_account``, ``slurm_extra``); the profile (profiles/slurm/profile.yaml) only sets
-  executor options.
+- ``snakemake_resources(job, gpu_request)``: a rule's ``resources:`` from ``resources.<rule>`` of the preset. Keys
+  are the ones the SLURM executor plugin reads (``gpu``, ``gpu_model``, ``cpus_per_gpu``, ``gres``,
+  ``cpus_per_task``, ``nodes``, ``mem_mb``, ``runtime``, ``slurm_partition``, ``slurm_account``, ``slurm_extra``);
+  the profile (profiles/slurm/profile.yaml) only sets executor options. ``sbatch_command`` asks the installed plugin
+  which sbatch command line a rule's resources become.
+- ``train_retries(preset)``: rule train's ``retries:``, so that its time limit x (retries + 1) covers the training
+  time ``harness plan`` budgets (a resubmitted job resumes from its last trainer checkpoint).
 - ``train_command(preset, ...)``: ``harness train`` directly (``train.launcher=python``: one process, CPU or one
   GPU), or through ``accelerate launch`` with the shipped config of ``train.distributed``
   (configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml) and one process per GPU; with ``train.vllm_mode=server``
   wrapped in scripts/train-with-vllm-server.sh, which starts TRL's vLLM server on the job's last
   ``train.vllm_tensor_parallel_size`` GPUs and trains on the others.
 - ``job_counts`` / ``plan``: how many jobs of each rule a sweep has and what they cost in GPU-hours; ``format_plan``
-  adds each GPU rule's peak memory per device (harness/config/memory.py).
+  adds the train rule's retries, the disk its checkpoints take (``checkpoint_disk``) and each GPU rule's peak memory
+  per device (harness/config/memory.py).
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config.launch import training_processes, vllm_server_gpus
 from harness.config.loading import load_method
-from harness.config.memory import format_memory, memory_problems
+from harness.config.memory import DTYPE_BYTES, GIB, architecture, format_memory, memory_problems
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import JobResources, PresetConfig, Resolved
 
@@ -37,12 +42,25 @@ RULE_RESOURCES = {"data": "data", "warmstart": "warmstart", "fetch": "warmstart"
 # job, so its runtime and estimate_minutes must cover them all.)
 
 
-def snakemake_resources(job: JobResources) -> dict[str, int | str]:
-    """A rule's ``resources:`` mapping. ``gpu`` is always present (0 for CPU jobs), so a local run can cap GPUs
-    with ``--resources gpu=N``; empty strings are left out, so the cluster's defaults apply."""
-    out: dict[str, int | str] = {"gpu": job.gpus, "mem_mb": job.mem_mb, "runtime": job.runtime}
-    if job.gpus:
-        out["cpus_per_gpu"] = job.cpus_per_gpu
+def snakemake_resources(job: JobResources, gpu_request: str = "gpus") -> dict[str, int | str]:
+    """A rule's ``resources:`` mapping; empty strings are left out, so the cluster's defaults apply.
+
+    A GPU job asks for one node (``nodes`` -> ``--nodes=1``: a train job is one ``accelerate launch`` on one
+    machine, an eval job one vLLM engine) and for its GPUs in the form of ``gpu_request``: ``gpus``, the plugin's
+    ``gpu`` (and ``gpu_model``) -> ``--gpus=[<model>:]N`` with ``cpus_per_gpu`` -> ``--cpus-per-gpu``; or ``gres``,
+    the plugin's ``gres`` -> ``--gres=gpu:[<model>:]N`` with ``cpus_per_task`` -> ``--cpus-per-task`` = GPUs x
+    cpus_per_gpu (the one form every Slurm takes with --gres), and no ``gpu`` key: the plugin would add ``--gpus``
+    for it. ``gpu`` is otherwise always present (0 for CPU jobs), so a local run can cap GPUs with
+    ``--resources gpu=N``. CPU jobs are the same in both forms (``--cpus-per-task`` from the rule's threads)."""
+    if not job.gpus:
+        out: dict[str, int | str] = {"gpu": 0, "mem_mb": job.mem_mb, "runtime": job.runtime}
+    elif gpu_request == "gres":
+        model = f"{job.gpu_model}:" if job.gpu_model else ""
+        out = {"gres": f"gpu:{model}{job.gpus}", "cpus_per_task": job.gpus * job.cpus_per_gpu, "nodes": 1,
+               "mem_mb": job.mem_mb, "runtime": job.runtime}
+    else:
+        out = {"gpu": job.gpus, "mem_mb": job.mem_mb, "runtime": job.runtime, "cpus_per_gpu": job.cpus_per_gpu,
+               "nodes": 1}
         if job.gpu_model:
             out["gpu_model"] = job.gpu_model
     for key, value in (("slurm_partition", job.partition), ("slurm_account", job.account),
@@ -54,7 +72,37 @@ def snakemake_resources(job: JobResources) -> dict[str, int | str]:
 
 def rule_resources(preset: PresetConfig) -> dict[str, dict[str, int | str]]:
     """``snakemake_resources`` for every rule of the Snakefile."""
-    return {rule: snakemake_resources(getattr(preset.resources, section)) for rule, section in RULE_RESOURCES.items()}
+    gpu_request = preset.resources.gpu_request
+    return {rule: snakemake_resources(getattr(preset.resources, section), gpu_request)
+            for rule, section in RULE_RESOURCES.items()}
+
+
+def sbatch_command(resources: dict[str, int | str], threads: int = 1, workdir: str = ".",
+                   log: str = "slurm-%j.log") -> str:
+    """The sbatch command line (without the job script) that the installed SLURM executor plugin builds for a job
+    with these ``resources`` and ``threads``: its own ``get_submit_command`` and ``set_gres_string``, which it runs
+    inside every submission of a live Snakemake run. Account and partition are passed as given (the plugin would
+    check them with sacctmgr/sinfo first), no executor settings (qos, requeue) apply. Needs the `cluster` extra."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class Resources(dict):  # Snakemake's job.resources: .get() and attribute access
+        def __getattr__(self, name):
+            try:
+                return self[name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+    class Job:
+        def __init__(self):
+            self.resources, self.threads = Resources(resources), threads
+
+    job = Job()
+    account = f" -A {shlex.quote(str(resources['slurm_account']))}" if resources.get("slurm_account") else ""
+    partition = f" -p {shlex.quote(str(resources['slurm_partition']))}" if resources.get("slurm_partition") else ""
+    params = {"run_uuid": "harness-sbatch-check", "slurm_logfile": log, "comment_str": "harness_sbatch_check",
+              "account": account, "partition": partition, "workdir": workdir}
+    return get_submit_command(job, params) + set_gres_string(job)
 
 
 def mixed_precision(dtype: str) -> str:
@@ -177,6 +225,146 @@ def plan(resolved: Resolved) -> list[PlanRow]:
     return rows
 
 
+# --- retries of a train job that outlives its time limit ----------------------------------------------------------
+
+PROFILE_RETRIES = 1  # profiles/slurm/profile.yaml's `retries` (tests/test_cluster.py checks that they agree)
+
+
+def train_budget_minutes(preset: PresetConfig) -> float | None:
+    """Minutes one train job is budgeted to train, as ``harness plan`` counts them: an ``accel_seconds`` budget's
+    wall time, else ``resources.train.estimate_minutes``; None when neither gives one (a budget in samples, tokens,
+    steps or FLOPs without an estimate: the time limit is then the only bound)."""
+    wall = train_wall_seconds(preset)
+    if wall is not None:
+        return wall / 60.0
+    estimate = preset.resources.train.estimate_minutes
+    return estimate if estimate > 0 else None
+
+
+def train_attempts_needed(preset: PresetConfig) -> int:
+    """Time limits one train job needs to spend its budget: ceil(budgeted minutes / ``resources.train.runtime``)."""
+    minutes = train_budget_minutes(preset)
+    if minutes is None:
+        return 1
+    return max(1, math.ceil(minutes / preset.resources.train.runtime - 1e-9))
+
+
+def train_retries(preset: PresetConfig) -> int | None:
+    """Rule train's ``retries:`` (the Snakefile), or None to keep the profile's ``retries: 1`` (and none locally).
+
+    A train job that hits its time limit is resubmitted and resumes from its last trainer checkpoint, so it needs
+    ``train_attempts_needed`` attempts, and one spare (the profile's one retry: a node failure, and the loading,
+    checkpoint saving and reward scoring that come on top of the budget and the steps redone after each resume):
+    retries = attempts needed - 1 + PROFILE_RETRIES, so that runtime x (retries + 1) >= budgeted time + one time
+    limit. None when one time limit holds the budget (the profile's retry is that spare), and when the preset saves
+    no trainer checkpoints (a resubmission would start over: ``plan_warnings`` says so)."""
+    needed = train_attempts_needed(preset)
+    if needed == 1 or not preset.train.save_every_steps:
+        return None
+    return needed - 1 + PROFILE_RETRIES
+
+
+def format_train_retries(preset: PresetConfig) -> str:
+    runtime, minutes = preset.resources.train.runtime, train_budget_minutes(preset)
+    retries = train_retries(preset)
+    attempts = (retries if retries is not None else PROFILE_RETRIES) + 1
+    source = (f"rule train's retries: {retries}" if retries is not None
+              else f"the profile's retries: {PROFILE_RETRIES}")
+    limit = f"train time limit: {runtime} min x {attempts} attempts ({source}) = {runtime * attempts / 60:.1f} h"
+    if minutes is None:
+        return (f"{limit}; the budget's time is not known before a run: set resources.train.estimate_minutes to "
+                "size the retries")
+    needed = train_attempts_needed(preset)
+    if retries is None and needed > 1:
+        return f"{limit}, but {minutes / 60:.2f} h budgeted needs {needed} and a resubmission would start over"
+    return (f"{limit} for {minutes / 60:.2f} h budgeted: {needed} attempt(s) hold the budget, one is spare; each "
+            "resubmission resumes from the last trainer checkpoint")
+
+
+# --- disk of the checkpoints ----------------------------------------------------------------------------------------
+
+# harness/train/trl/trainer.py's KEPT_TRAINER_CHECKPOINTS (importing it loads TRL; tests/test_cluster.py checks that
+# they agree): rotation keeps the newest complete trainer checkpoints, and one more exists while the next is written
+KEPT_TRAINER_CHECKPOINTS = 2
+OPTIMIZER_BYTES_ZERO3 = 12  # DeepSpeed ZeRO-3's checkpoint: float32 master + AdamW's two float32 moments per parameter
+
+
+@dataclass
+class CheckpointDisk:
+    """Disk of one train job's checkpoints (``checkpoint_disk``), in bytes."""
+
+    parameters: int
+    trainer_parts: list[tuple[str, float]]  # what one trainer checkpoint holds; empty without save_every_steps
+    budget_checkpoints: int  # one per checkpoint fraction, the policy in model.dtype (what eval reads)
+    budget_bytes: float  # one budget checkpoint
+    runs: int  # train jobs of the sweep
+
+    @property
+    def trainer_bytes(self) -> float:
+        return sum(size for _, size in self.trainer_parts)
+
+    @property
+    def run_peak(self) -> float:
+        """A run at its largest: the kept trainer checkpoints, one more being written, every budget checkpoint."""
+        trainer = (KEPT_TRAINER_CHECKPOINTS + 1) * self.trainer_bytes if self.trainer_parts else 0.0
+        return trainer + self.budget_checkpoints * self.budget_bytes
+
+    @property
+    def run_final(self) -> float:
+        """A finished run: the kept trainer checkpoints and the budget checkpoints."""
+        return KEPT_TRAINER_CHECKPOINTS * self.trainer_bytes + self.budget_checkpoints * self.budget_bytes
+
+
+def checkpoint_disk(resolved: Resolved) -> CheckpointDisk | None:
+    """The checkpoints a GPU preset's train jobs write, from the model's parameter count (harness/config/memory.py):
+    each trainer checkpoint (``train.save_every_steps``) holds the weights and AdamW's state, ddp: the master weights
+    and two moments in ``train.master_dtype`` (transformers' model file and optimizer.pt); deepspeed_zero3: the
+    weights gathered in ``model.dtype`` (stage3_gather_16bit_weights_on_model_save) and DeepSpeed's float32 masters
+    and moments, sharded over the processes. Scheduler, RNG, trainer state and the ledger are small and not counted.
+    None for CPU presets and models of unknown size."""
+    preset = resolved.preset
+    arch, runs = architecture(preset.model), job_counts(resolved).get("train", 0)
+    if not preset.resources.train.gpus or arch is None or not runs:
+        return None
+    n, train, compute = arch.parameters, preset.train, DTYPE_BYTES[preset.model.dtype]
+    if not train.save_every_steps:
+        parts: list[tuple[str, float]] = []
+    elif train.distributed == "deepspeed_zero3":
+        parts = [(f"weights ({preset.model.dtype}, gathered)", float(n * compute)),
+                 ("float32 masters + AdamW moments (sharded)", float(n * OPTIMIZER_BYTES_ZERO3))]
+    else:
+        master = DTYPE_BYTES[train.master_dtype]
+        parts = [(f"weights ({train.master_dtype} masters)", float(n * master)),
+                 (f"AdamW moments (2 x {train.master_dtype})", float(2 * n * master))]
+    return CheckpointDisk(n, parts, len(train.budget.checkpoint_fractions), float(n * compute), runs)
+
+
+def format_disk(resolved: Resolved) -> list[str]:
+    disk = checkpoint_disk(resolved)
+    if disk is None:
+        return []
+    preset = resolved.preset
+
+    def gib(size: float) -> str:
+        return f"{size / GIB:.1f} GiB"
+
+    lines = [f"disk of the train jobs' checkpoints ({preset.model.name_or_path}, {disk.parameters / 1e9:.2f}B "
+             "parameters), under results/<sweep>/runs/:"]
+    if disk.trainer_parts:
+        lines.append(f"  trainer checkpoint (every {preset.train.save_every_steps} steps): "
+                     f"{gib(disk.trainer_bytes)} = " + " + ".join(f"{what} {gib(size)}"
+                                                                   for what, size in disk.trainer_parts))
+        lines.append(f"  {KEPT_TRAINER_CHECKPOINTS} kept per run (harness/train/trl/trainer.py rotates), one more while"
+                     f" the next is written: {gib((KEPT_TRAINER_CHECKPOINTS + 1) * disk.trainer_bytes)} at most")
+    else:
+        lines.append("  no trainer checkpoints (train.save_every_steps=0)")
+    lines.append(f"  budget checkpoints: {disk.budget_checkpoints} x {gib(disk.budget_bytes)} "
+                 f"({preset.model.dtype}) = {gib(disk.budget_checkpoints * disk.budget_bytes)}")
+    lines.append(f"  sweep: {disk.runs} runs x {gib(disk.run_peak)} = {gib(disk.runs * disk.run_peak)} at most, "
+                 f"{gib(disk.runs * disk.run_final)} when training is done")
+    return lines
+
+
 def plan_warnings(resolved: Resolved) -> list[str]:
     """Settings that would make jobs fail on a cluster, found before submitting anything."""
     preset = resolved.preset
@@ -185,7 +373,8 @@ def plan_warnings(resolved: Resolved) -> list[str]:
     warnings = []
     if wall is not None and train_job.runtime * 60 < wall:
         resume = ("it resumes from its last trainer checkpoint when rerun (train.save_every_steps="
-                  f"{preset.train.save_every_steps})" if preset.train.save_every_steps else
+                  f"{preset.train.save_every_steps}; rule train's retries: {train_retries(preset)} resubmit it)"
+                  if preset.train.save_every_steps else
                   "set train.save_every_steps > 0 so that a rerun resumes instead of starting over")
         warnings.append(f"a train job needs at least {wall / 60:.0f} min of wall time (its accel_seconds budget over "
                         f"{training_processes(preset)} training GPUs) but resources.train.runtime is "
@@ -209,7 +398,11 @@ def format_plan(resolved: Resolved) -> str:
     if train and train.jobs:
         lines.append(f"train: {train.jobs} runs x {train.gpus} GPUs x {train.hours:.2f} h; loading, checkpoint "
                      "saving and reward scoring come on top of the budget")
+        if train.gpus:  # CPU presets run locally, where no time limit stops a job
+            lines.append(format_train_retries(resolved.preset))
     lines += [f"warning: {w}" for w in plan_warnings(resolved)]
+    disk = format_disk(resolved)
+    lines += ["", *disk] if disk else []
     memory = format_memory(resolved.preset, needs_reference(resolved))
     lines += ["", *memory] if memory else []
     return "\n".join(lines)
