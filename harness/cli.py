@@ -1,11 +1,15 @@
 """``harness`` command line: data, warmstart, train, fetch, eval, report, summarize, plan, power, calibrate,
-extend-seeds, rehearse, verify, progress, inspect, new-method; ``harness --help`` lists them, one line each, and the
-documents that hold their formats.
+extend-seeds, rehearse, verify, progress, prefetch, inspect, new-method; ``harness --help`` lists them, one line
+each, and the documents that hold their formats.
 
 Every subcommand that works on a sweep takes ``--sweep FILE`` (default configs/sweeps/default.yaml) and
 ``--set key=value`` overrides, resolves and validates the whole configuration first, then does one thing. A Snakemake
 job's ``--sweep`` is the resolved sweep its DAG was built from (``results/<sweep>/sweeps/<digest>.json``,
 harness/config/snapshot.py), run as written: no overrides, no YAML read again.
+
+The jobs (data, warmstart, fetch, train, eval) of a sweep that reads the hub run with the hub offline
+(HF_HUB_OFFLINE=1 unless the environment sets it): ``harness prefetch`` fills the hub cache beforehand on a node
+with hub access (harness/model/hub.py, harness/ops/prefetch.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from harness.config.snapshot import is_snapshot, load_snapshot
 
 DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
 DISTRIBUTION = "tokentarget-harness"  # pyproject.toml's [project] name
+HUB_OFFLINE_JOBS = ("data", "warmstart", "fetch", "train", "eval")  # run offline when the sweep reads the hub
 
 
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +97,12 @@ def _resolve(args) -> tuple[Resolved, SweepPaths]:
         resolved = load_snapshot(Path(args.sweep))
     else:
         resolved = resolve(args.sweep, [o for o in args.overrides if not o.startswith("method.")])
+    if args.command in HUB_OFFLINE_JOBS:
+        from harness.model.hub import offline_jobs
+        from harness.ops.prefetch import reads_hub
+
+        if reads_hub(resolved):  # a compute node reads the cache `harness prefetch` filled; never the network
+            offline_jobs()
     return resolved, SweepPaths(resolved.results_dir)
 
 
@@ -370,6 +381,13 @@ def cmd_progress(args) -> None:
     print(format_progress(sweep_progress(resolved, paths)))
 
 
+def cmd_prefetch(args) -> None:
+    from harness.ops.prefetch import prefetch
+
+    resolved, _ = _resolve(args)
+    prefetch(resolved)
+
+
 def cmd_rehearse(args) -> None:
     from harness.ops.rehearsal import rehearse
 
@@ -386,7 +404,7 @@ Each command's --help says what it reads and writes and which document holds its
 formats (paths in the checkout):
   README.md                  quickstart, the results folder, adding a method
   docs/statistics.md         report, summarize, power, calibrate, extend-seeds
-  docs/cluster.md            plan, progress, rehearse, fetch: the paper sweeps
+  docs/cluster.md            plan, progress, rehearse, fetch, prefetch: clusters
   docs/performance.md        plan: where the time goes
   docs/config-reference.md   every --set key, its default and allowed values
   docs/protocol.md           train, eval: the training step and the evaluation
@@ -552,6 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
     _sweep_args(p)
     p.set_defaults(func=cmd_progress)
 
+    p = _subcommand(sub, "prefetch", "download a sweep's hub models and data for offline jobs",
+                    "On a node with hub access (the login node): every model, tokenizer, dataset and released "
+                    "checkpoint of the sweep at its pinned revision into the hub cache (HF_HUB_CACHE), with the commit "
+                    "each resolved to and, for an unpinned one, the line that pins it; the jobs then run with "
+                    "HF_HUB_OFFLINE=1 (docs/cluster.md, 'Login node and compute nodes').")
+    _sweep_args(p)
+    p.set_defaults(func=cmd_prefetch)
+
     p = _subcommand(sub, "inspect", "a method's token weights on a batch file",
                     "Runs the method's hooks on a batch and writes its weights (the batch format: docs/inspect.md).")
     p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")
@@ -572,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.command_line = sys.argv[1:] if argv is None else None  # what _use_cpu_kernels runs again
+    from harness.model.hub import cache_miss, hub_setting, restore_hub_setting
+
+    hub_before = hub_setting()
     try:
         args.func(args)
     except ConfigError as exc:
@@ -579,8 +608,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (FileNotFoundError, ValueError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        if miss := cache_miss(exc):  # a job offline whose model or data was not prefetched: the prefetch to run
+            message = miss.for_sweep(getattr(args, "sweep", None))
         print(f"harness {args.command}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if argv is not None:  # called in-process: the caller's hub setting as it was (a job process just ends)
+            restore_hub_setting(hub_before)
     return 0
 
 

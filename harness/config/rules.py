@@ -25,11 +25,13 @@ from harness.config.schema import (
     EvalConfig,
     HubDataConfig,
     MethodSpec,
+    ModelConfig,
     PresetConfig,
     RewardValuesConfig,
     SweepConfig,
     TrainConfig,
     column_path_parts,
+    is_local_model,
 )
 
 # a sweep name is one folder name under results_dir (spaces allowed: job commands quote every path)
@@ -58,6 +60,20 @@ def hub_config_problems(hub: HubDataConfig) -> list[str]:
     if bad:
         problems.append(f"key 'data.hub.sha256': {bad} are not sha256sum lines '<64 lower-case hex>  <repo path>'")
     return problems
+
+
+def model_pin_problems(model: ModelConfig) -> list[str]:
+    """A pretrained hub model must be named at a commit (``model.revision``, 40 hex digits) unless
+    ``model.allow_unpinned``: a branch (main, or "" for the default branch) can move under a running sweep."""
+    if model.kind != "pretrained" or not model.name_or_path or is_local_model(model.name_or_path):
+        return []
+    if COMMIT_SHA.fullmatch(model.revision) or model.allow_unpinned:
+        return []
+    shown = repr(model.revision) if model.revision else "'' (the default branch)"
+    return [f"key 'model.revision': {shown} is not a commit sha (40 lower-case hex digits) of hub model "
+            f"{model.name_or_path!r}: a branch or tag can move, so the weights would not be fixed. Pin the commit "
+            "(`harness prefetch --sweep <sweep>` on a node with hub access prints it as `revision: <sha>`), or set "
+            "model.allow_unpinned=true to load it anyway (the warm start records the commit it got)"]
 
 
 def _data_problems(data: DataConfig) -> list[str]:
@@ -112,7 +128,8 @@ def _eval_problems(eval_cfg: EvalConfig) -> list[str]:
 
 
 SECTION_RULES = {DataConfig: _data_problems, BudgetConfig: _budget_problems, EvalConfig: _eval_problems,
-                 RewardValuesConfig: _reward_values_problems, TrainConfig: _train_problems}
+                 RewardValuesConfig: _reward_values_problems, TrainConfig: _train_problems,
+                 ModelConfig: model_pin_problems}
 
 
 def section_problems(obj: Any) -> list[str]:

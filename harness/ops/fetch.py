@@ -1,30 +1,25 @@
 """Released checkpoints as eval-only runs: ``harness fetch`` (the Snakefile's ``fetch`` rule).
 
 A method label whose config names ``checkpoint: <hub id>[@revision]`` (or a local model directory) is not
-trained: the checkpoint is loaded once (from the hub where the node has access or a pre-filled HF cache, else a
-local path), saved as the run's full-budget checkpoint ``runs/<label>/seed<S>/ckpt-100/`` and described by a
-``run.json`` with no budget spent. From there the eval and report rules treat it like any run, so the released
+trained: the checkpoint is loaded once (a hub id from the hub cache at its revision, harness/model/hub.py: offline
+in a job, after `harness prefetch`; else a local path), saved as the run's full-budget checkpoint
+``runs/<label>/seed<S>/ckpt-100/`` and described by a ``run.json`` with no budget spent (the commit read and the
+sha256 of the files loaded and saved). From there the eval and report rules treat it like any run, so the released
 model is scored under exactly our evaluation protocol.
 """
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from harness.config.paths import SweepPaths, checkpoint_name, resolve_repo_path
 from harness.config.provenance import run_record
 from harness.config.schema import MethodSpec, Resolved
 from harness.data.files import sha256_file, write_json_atomic
 from harness.model.checkpoints import load_policy, save_policy
+from harness.model.hub import hub_model, split_checkpoint
 
-
-def split_checkpoint(checkpoint: str) -> tuple[str, str | None]:
-    """``"org/name@rev"`` -> ("org/name", "rev"); a local directory (or a name without @) has no revision."""
-    if "@" in checkpoint and not Path(checkpoint).exists():
-        name, revision = checkpoint.rsplit("@", 1)
-        return name, revision or None
-    return checkpoint, None
+__all__ = ["fetch_checkpoint", "split_checkpoint"]
 
 
 def fetch_checkpoint(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict:
@@ -34,12 +29,13 @@ def fetch_checkpoint(resolved: Resolved, spec: MethodSpec, seed: int, paths: Swe
     name, revision = split_checkpoint(spec.checkpoint)
     local = resolve_repo_path(name)
     source = str(local) if local.is_dir() else name
+    folder, origin = (local, None) if local.is_dir() else hub_model(name, revision)
     run_dir = paths.run_dir(spec.label, seed)
     final = run_dir / checkpoint_name(1.0)
     staging = final.with_name(final.name + ".partial")
     (run_dir / "run.json").unlink(missing_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
-    model, tokenizer = load_policy(source, resolved.preset.model.dtype, revision=revision)
+    model, tokenizer = load_policy(folder, resolved.preset.model.dtype)
     save_policy(model, tokenizer, staging)
     if final.exists():
         shutil.rmtree(final)
@@ -51,6 +47,7 @@ def fetch_checkpoint(resolved: Resolved, spec: MethodSpec, seed: int, paths: Swe
                         budget={"kind": "released", "amount": None, "checkpoints": {checkpoint_name(1.0): None}},
                         counters={}, train_seconds=None,
                         external={"checkpoint": spec.checkpoint, "source": source, "revision": revision,
-                                  "commit": getattr(model.config, "_commit_hash", None), "files_sha256": files})
+                                  "commit": origin["commit"] if origin else None, "files_sha256": files,
+                                  "source_files_sha256": origin["files_sha256"] if origin else None})
     write_json_atomic(run_dir / "run.json", record)
     return record

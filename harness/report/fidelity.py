@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from harness.config.launch import precision, training_processes
-from harness.config.schema import ConfigError, Resolved
+from harness.config.schema import COMMIT_SHA, ConfigError, Resolved, is_local_model
 from harness.data.prompts import stop_sequences
 
 REQUIRED_ELEMENTS = ("model", "data", "template", "batch", "mini_batches", "lr", "precision", "reward", "aggregation",
@@ -93,7 +93,19 @@ def derived_values(resolved: Resolved) -> dict[str, Any]:
         "eval_stop": list(stop_sequences(preset.prompt_template, preset.eval.stop)),
         "eval_grader": sorted({bench.scorer for bench in preset.eval.benchmarks.values()}),
         "budget": budget_in_paper_units(preset),
+        "model_revision": model_revision(preset.model),
     }
+
+
+def model_revision(model) -> str:
+    """Which commit of the model the sweep loads: the pinned sha, or that it is unpinned (``model.allow_unpinned``:
+    the warm start records the commit it got in warmstart.json); "-" for a model not read from the hub."""
+    if model.kind != "pretrained" or not model.name_or_path or is_local_model(model.name_or_path):
+        return "-"
+    if COMMIT_SHA.fullmatch(model.revision):
+        return model.revision
+    return (f"unpinned: {model.revision or 'the default branch'} (model.allow_unpinned; the commit read is in "
+            "warmstart.json)")
 
 
 def config_value(resolved: Resolved, dotted: str, where: str) -> Any:
