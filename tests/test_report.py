@@ -17,7 +17,13 @@ from harness.report import html as html_report
 from harness.report.evidence import find_failures, read_sweep
 from harness.report.intervals import difference_interval
 from harness.report.leaderboard import verdict_record, write_leaderboard
-from harness.report.markdown import budget_warnings, coverage_where_assumption_fails, markdown, protocol_note
+from harness.report.markdown import (
+    budget_warnings,
+    code_warnings,
+    coverage_where_assumption_fails,
+    markdown,
+    protocol_note,
+)
 from harness.report.reported import load_reported
 from harness.report.scores import crossed_variance
 from harness.report.summary import claim_verdicts, mean_training_share, noise_at, summarize
@@ -516,6 +522,36 @@ def test_missing_warmstart_results_name_the_file(tmp_path):
     (paths.eval_dir("warmstart", 0, "ckpt-000", "arith") / "results.json").unlink()
     with pytest.raises(FileNotFoundError, match="warmstart/seed0/ckpt-000/arith/results.json"):
         write_leaderboard(resolved, paths)
+
+
+def test_results_from_different_code_are_marked(tmp_path):
+    # harness/config/code_digests.py records each run's and evaluation's code: the report names what differs
+    resolved, paths = build_sweep(tmp_path, seeds=(0, 1), fractions=(1.0,))
+    assert code_warnings(read_sweep(resolved, paths)) == []  # nothing recorded (results older than code digests)
+
+    def record(file, where, code):
+        content = json.loads(file.read_text())
+        (content.setdefault("provenance", {}) if where == "run" else content)["code"] = code
+        file.write_text(json.dumps(content))
+
+    same = {"training_code": "a" * 64, "evaluation_code": "e" * 64, "packages": "p" * 64, "method_source": "m" * 16}
+    for label in LABELS:
+        for seed in (0, 1):
+            record(paths.run_file(label, seed), "run", same)
+    assert code_warnings(read_sweep(resolved, paths)) == []
+    record(paths.run_file("entropy", 1), "run", {**same, "training_code": "b" * 64, "method_source": "n" * 16})
+    lines = code_warnings(read_sweep(resolved, paths))
+    assert lines[0].startswith("runs from different shared training code: aaaaaaaaaaaa: ") and lines[0].endswith(
+        "bbbbbbbbbbbb: entropy/seed1 (1)")
+    assert lines[1] == "seeds of entropy from different entropy's method source: mmmmmmmmmmmm: entropy/seed0 (1); " \
+        "nnnnnnnnnnnn: entropy/seed1 (1)"
+    record(paths.results_file("uniform", 0, "ckpt-100", "arith"), "eval", {**same, "evaluation_code": "f" * 64})
+    lines = code_warnings(read_sweep(resolved, paths))
+    assert any(line.startswith("evaluations from different evaluation code: ") and "not recorded" in line
+               and "ffffffffffff: uniform/seed0/ckpt-100/arith (1)" in line for line in lines)
+    write_leaderboard(resolved, paths)
+    assert "- **Different code:** runs from different shared training code" in (paths.root / "leaderboard.md"
+                                                                                  ).read_text()
 
 
 def test_unmatched_budgets_are_flagged(tmp_path):

@@ -29,6 +29,7 @@ from harness.report.markdown import (
     budget_warnings,
     calibration_lines,
     claims_note,
+    code_warnings,
     outlier_lines,
     protocol_note,
     reported_lines,
@@ -355,6 +356,7 @@ def _warnings(evidence: Evidence, summary: list[dict]) -> list[str]:
              f"{esc(line)}</p>" for line in calibration]
     parts += [f"<p class='warn'>{esc(line.replace('**', ''))}</p>" for line in outlier_lines(evidence)]
     parts += [f"<p class='warn'>Budget not matched: {esc(line)}</p>" for line in budget_warnings(evidence)]
+    parts += [f"<p class='warn'>Different code: {esc(line)}</p>" for line in code_warnings(evidence)]
     parts += [f"<p class='warn'>Failed run, left out: {esc(f['label'])} seed {f['seed']} ({esc(f['stage'])}): "
               f"<code>{esc(f['error'])}</code> (log: {esc(f['log'])})</p>" for f in evidence.failures]
     return parts

@@ -270,6 +270,42 @@ def budget_warnings(evidence: Evidence) -> list[str]:
     return warnings
 
 
+CODE_PARTS = {"training_code": "shared training code", "packages": "installed packages"}
+EVAL_CODE_PARTS = {"evaluation_code": "evaluation code", "packages": "installed packages"}
+
+
+def code_warnings(evidence: Evidence) -> list[str]:
+    """Results the comparison mixes from different code (``harness.config.code_digests``): runs whose recorded
+    shared training code or packages differ, seeds of one label trained by different method source, evaluations
+    whose scoring code or packages differ; one line per difference, naming the results of each version. Results
+    recorded before code digests existed are named as such when others have them; none at all says nothing."""
+    runs = {f"{label}/seed{seed}": run.get("provenance", {}).get("code") for (label, seed), run in
+            evidence.runs.items()}
+    evals = {f"{label}/seed{seed}/{ckpt}/{bench}": result.get("code") for (label, seed, ckpt, bench), result in
+             evidence.results.items()}
+    lines = _differing("runs", runs, CODE_PARTS) + _differing("evaluations", evals, EVAL_CODE_PARTS)
+    for label in evidence.labels:
+        own = {name: code for name, code in runs.items() if name.split("/seed")[0] == label}
+        lines += _differing(f"seeds of {label}", own, {"method_source": f"{label}'s method source"})
+    return lines
+
+
+def _differing(what: str, records: dict[str, dict | None], parts: dict[str, str]) -> list[str]:
+    """A line per code part whose recorded digest is not one value over ``records`` (name -> code record)."""
+    if not any(records.values()):
+        return []
+    lines = []
+    for key, name in parts.items():
+        groups: dict[str, list[str]] = {}
+        for result, code in records.items():
+            groups.setdefault((code or {}).get(key, "not recorded")[:12], []).append(result)
+        if len(groups) > 1:
+            shown = "; ".join(f"{digest}: {', '.join(sorted(names)[:4])}{' ...' if len(names) > 4 else ''} "
+                              f"({len(names)})" for digest, names in sorted(groups.items()))
+            lines.append(f"{what} from different {name}: {shown}")
+    return lines
+
+
 def reported_lines(reported: Reported, evidence: Evidence) -> list[str]:
     """Where the paper's numbers come from, how its protocol differs, and which of them this sweep lacks."""
     lines = [f"Source: {reported.source or 'not given'}; metric: {reported.metric or 'not given'}; protocol: "
@@ -366,7 +402,8 @@ def _checkpoint_sections(evidence: Evidence, summary: list[dict]) -> list[str]:
         if ckpt == final:
             parts += [f"- {line}" for line in calibration_lines(evidence, summary)]
             parts += [f"- {line}" for line in outlier_lines(evidence)]
-            parts += [f"- **Budget not matched:** {line}" for line in budget_warnings(evidence)] + [""]
+            parts += [f"- **Budget not matched:** {line}" for line in budget_warnings(evidence)]
+            parts += [f"- **Different code:** {line}" for line in code_warnings(evidence)] + [""]
         parts += [f"- **Failed run, left out:** `{f['label']}` seed {f['seed']} ({f['stage']}): {f['error']} "
                   f"(log: `{f['log']}`)" for f in evidence.failures]
     return parts
