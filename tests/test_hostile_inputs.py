@@ -1,6 +1,7 @@
 """Hostile and careless inputs (issue #26 items 6-11): each is refused before any job runs, with an error naming the
 file, key or line, and a refused run writes nothing; what is accepted is handled as written (paths with spaces)."""
 
+import io
 import json
 import os
 import re
@@ -409,3 +410,27 @@ def test_local_slurm_refuses_a_folder_another_user_controls(tmp_path, kind):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_files_are_staged_under_unpredictable_names_never_through_a_planted_link(tmp_path):
+    # a link planted at the old predictable staging names (.<name>.tmp, .<name>.<pid>.tmp) is never written through
+    from harness.config.paths import staging_file
+    from harness.report.plots import save_png
+    from harness.train.progress import PROGRESS_FILE, ProgressLog
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    target = tmp_path / "out" / "figure.png"
+    target.parent.mkdir()
+    for name in (f".{target.name}.tmp", f"{target.name}.tmp", f".{PROGRESS_FILE}.tmp"):
+        (target.parent / name).symlink_to(victim)
+    first, second = staging_file(target), staging_file(target)
+    assert first != second and first.parent == target.parent and oct(first.stat().st_mode & 0o777) == "0o644"
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    save_png(fig, target)
+    plt.close(fig)
+    assert target.read_bytes().startswith(b"\x89PNG")
+    ProgressLog(target.parent, "steps", 10.0, 0.0, stream=io.StringIO()).update(1, 1.0)
+    assert victim.read_text() == "untouched"

@@ -6,6 +6,8 @@ here.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: configs/, data/, scripts/ live here
@@ -128,3 +130,15 @@ def resolve_repo_path(path: str | Path) -> Path:
     """A path from a config file: absolute as given, relative to the checkout (REPO_ROOT) otherwise."""
     candidate = Path(path)
     return candidate if candidate.is_absolute() else REPO_ROOT / candidate
+
+
+def staging_file(path: str | Path) -> Path:
+    """A new empty file (mode 0644) of unpredictable name beside ``path``, created exclusively (a file or link
+    planted under a guessable name is never written through), to hold ``path``'s next content until it is renamed
+    over ``path`` in one step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.chmod(name, 0o644)
+    return Path(name)

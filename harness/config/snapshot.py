@@ -22,7 +22,7 @@ from typing import Any
 from harness.config.code_digests import method_source_digest
 from harness.config.launch import training_processes
 from harness.config.loading import merge_config
-from harness.config.paths import REPO_ROOT
+from harness.config.paths import REPO_ROOT, staging_file
 from harness.config.schema import ConfigError, MethodSpec, PresetConfig, Resolved, SweepConfig
 
 FORMAT = "harness-resolved-sweep/1"
@@ -61,8 +61,7 @@ def write_snapshot(resolved: Resolved, checkout: Path, folder: Path) -> Path:
     text = snapshot_text(resolved, checkout)
     path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]}.json"
     if not path.is_file() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staging = staging_file(path)
         staging.write_text(text)
         os.replace(staging, path)
     return path

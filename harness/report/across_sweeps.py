@@ -35,7 +35,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from harness.config.loading import merge_config, resolve  # noqa: E402
-from harness.config.paths import CONFIG_DIR, WARMSTART_LABEL, SweepPaths, checkpoint_name  # noqa: E402
+from harness.config.paths import CONFIG_DIR, WARMSTART_LABEL, SweepPaths, checkpoint_name, staging_file  # noqa: E402
 from harness.config.schema import ConfigError, PresetConfig, Resolved, SweepConfig  # noqa: E402
 from harness.data.files import read_json, write_json_atomic, write_text_atomic  # noqa: E402
 from harness.report import plots  # noqa: E402
@@ -395,7 +395,7 @@ def forest_figure(rows: list[ForestRow]) -> Figure:
 
 def save_svg(fig: Figure, path: Path) -> Path:
     """The figure as SVG with its text kept as text (searchable, and a test can read the row labels)."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = staging_file(path)
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": FIGURE}):  # fixed ids: same file each run
         fig.savefig(tmp, format="svg", metadata={"Date": None})
     tmp.replace(path)

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from harness.config.paths import WARMSTART_LABEL  # noqa: E402
+from harness.config.paths import WARMSTART_LABEL, staging_file  # noqa: E402
 from harness.report.verdicts import MEAN  # noqa: E402
 
 DPI = 110
@@ -157,8 +157,7 @@ def training_curves(metrics: dict[tuple[str, int], list[dict]], labels: list[str
 
 
 def save_png(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = staging_file(path)
     fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
     tmp.replace(path)
     return path

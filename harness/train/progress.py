@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.config.paths import staging_file
+
 PROGRESS_FILE = "progress.json"
 PROGRESS_EVERY_S = 30.0  # seconds between two log lines of a job
 
@@ -51,7 +53,7 @@ class ProgressLog:
                     "fraction": min(1.0, spent / self.amount) if self.amount > 0 else 1.0, "step": step,
                     "elapsed_s": elapsed, "eta_s": eta_seconds(spent, self.spent_at_start, self.amount, elapsed),
                     "updated_unix": time.time(), "pid": os.getpid()}
-        staging = self.path.with_name(f".{self.path.name}.tmp")
+        staging = staging_file(self.path)
         staging.write_text(json.dumps(progress))
         os.replace(staging, self.path)  # a reader never sees half a file
         if self.last_line is None or now - self.last_line >= self.every_s:
