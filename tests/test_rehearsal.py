@@ -4,6 +4,7 @@ of the head-to-head end to end through Snakemake on CPU with its checks (precisi
 budget's arithmetic, report, resume after a kill).
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def value(resolved, dotted: str):
 
 def rehearsal_of(sweep: str, tmp_path: Path, **kwargs):
     data_file = tmp_path / "train.jsonl"
-    data_file.touch()  # resolve checks that the training file a sweep names exists
+    # resolve reads the training file a sweep names (rows, keys, no benchmark problem): the rehearsal's own rows
+    data_file.write_text("".join(json.dumps(row) + "\n" for row in rehearsal_setup.rehearsal_rows()))
     return rehearsal_setup.rehearsal_sweep(SWEEPS / f"{sweep}.yaml", tmp_path, tmp_path / "model", data_file,
                                            context_tokens=200, **kwargs)
 
