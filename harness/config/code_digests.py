@@ -90,11 +90,16 @@ def packages_digest() -> str:
     return hashlib.sha256("\n".join(installed).encode()).hexdigest()
 
 
+@cache
+def shared_code_digest(parts: tuple[str, ...], root: Path = REPO_ROOT) -> str:
+    """``files_digest`` of ``source_files(parts)`` (once per process: a job's code does not change under it)."""
+    return files_digest(source_files(parts, root), root)
+
+
 def code_record(method: str | None = None, root: Path = REPO_ROOT) -> dict[str, str]:
     """What a run (``method``: its registered method) or an evaluation (None) records of its code."""
-    record = {"training_code": files_digest(source_files(TRAINING_CODE, root), root),
-              "evaluation_code": files_digest(source_files(EVALUATION_CODE, root), root),
-              "packages": packages_digest()}
+    record = {"training_code": shared_code_digest(TRAINING_CODE, root),
+              "evaluation_code": shared_code_digest(EVALUATION_CODE, root), "packages": packages_digest()}
     if method is not None:
         record["method_source"] = method_source_digest(method)
     return record

@@ -218,8 +218,9 @@ def check_resume(rehearsal: Rehearsal, out_dir: Path) -> list[str]:
     return []
 
 
-def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2) -> int:
-    """Prepare, run and check one paper sweep's rehearsal; print what was replaced and the outcome; 0 = passed."""
+def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2, resume: bool = True) -> int:
+    """Prepare, run and check one paper sweep's rehearsal; print what was replaced and the outcome; 0 = passed.
+    ``resume``: also kill one train job after its first trainer checkpoint and check its rerun (``check_resume``)."""
     started = time.monotonic()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -231,7 +232,7 @@ def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2)
     if done.returncode:
         print(f"FAILED: snakemake exited {done.returncode} (log: {out_dir / rehearsal.name}.snakemake.log)")
         return 1
-    problems = check_rehearsal(rehearsal) + check_resume(rehearsal, out_dir)
+    problems = check_rehearsal(rehearsal) + (check_resume(rehearsal, out_dir) if resume else [])
     for problem in problems:
         print(f"FAILED: {problem}")
     print(f"{'FAILED' if problems else 'passed'}: {rehearsal.name} in {time.monotonic() - started:.0f} s")
