@@ -232,6 +232,22 @@ def aggregation_row_denominators(mask: torch.Tensor, mode: str, max_completion_l
     raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {mode!r}")
 
 
+def aggregate(counted: torch.Tensor, ctx: StepContext, metrics: dict[str, float] | None = None, *,
+              trained: torch.Tensor | None = None, mode: str | None = None) -> TokenWeights:
+    """The run's loss aggregation (``ctx.aggregation``, or ``mode``) over the tokens of ``counted`` (B, T): their
+    weights, the denominator and its per-rollout parts, as the ``TokenWeights`` a method returns.
+
+    ``trained`` (B, T), 0/1: only these tokens keep their weight; the denominator still counts every token of
+    ``counted`` (a selection whose loss is averaged over all tokens: ``aggregate(mask, ctx, trained=selected)``).
+    """
+    mode = mode or ctx.aggregation
+    weights, denominator = aggregation_weights(counted, mode, ctx.max_completion_length)
+    if trained is not None:
+        weights = weights * trained
+    return TokenWeights(weights, denominator, dict(metrics or {}),
+                        row_denominators=aggregation_row_denominators(counted, mode, ctx.max_completion_length))
+
+
 def check_needs(owner: str, needs) -> frozenset[str]:
     """``needs`` as a frozenset, or a ValueError naming ``owner``, the unknown names and the allowed ones (a typo
     would otherwise leave the statistic uncomputed and the method reading None)."""
@@ -285,9 +301,7 @@ class Method:
         return batch
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
-        weights, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-        return TokenWeights(weights, denominator, row_denominators=aggregation_row_denominators(
-            batch.completion_mask, ctx.aggregation, ctx.max_completion_length))
+        return aggregate(batch.completion_mask, ctx)
 
     # Deviations from the paper, listed by each method; shown in reports beside its results.
     deviations: ClassVar[tuple[str, ...]] = ()

@@ -57,8 +57,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.registry import register_method
 
@@ -190,16 +189,11 @@ class D3S(Method):
         n = int(mask.sum())
         selected = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         selected.view(-1)[torch.topk(score.flatten(), keep_count(token_keep, n)).indices] = 1.0
-        if self.config.denominator == "selected":  # L = sum_K l / |K|
-            weights, denominator = aggregation_weights(selected, "token-mean", ctx.max_completion_length)
-            counted, mode = selected, "token-mean"
-        elif self.config.denominator == "aggregation":
-            weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-            counted, mode = selected, ctx.aggregation
-        else:  # "all": unselected tokens weigh 0 in the baseline's loss over every kept token
-            base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights, counted, mode = base * selected, batch.completion_mask, ctx.aggregation
         metrics = {"group_keep": group_keep, "batch_keep": batch_keep, "token_keep": token_keep,
                    "tokens_selected_frac": float(selected.sum()) / max(n, 1)}
-        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
-            counted, mode, ctx.max_completion_length))
+        if self.config.denominator == "selected":  # L = sum_K l / |K|
+            return aggregate(selected, ctx, metrics, mode="token-mean")
+        if self.config.denominator == "aggregation":
+            return aggregate(selected, ctx, metrics)
+        # "all": unselected tokens weigh 0 in the baseline's loss over every kept token
+        return aggregate(batch.completion_mask, ctx, metrics, trained=selected)

@@ -51,8 +51,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.registry import register_method
 
@@ -162,15 +161,10 @@ class Entropy(Method):
         else:
             selected, threshold = ets_threshold_mask(entropy, mask, self.config.rho)
         selected = selected.to(torch.float32)
-        if self.denominator_mode() == "selected":  # L = sum_S l / |S| under token-mean
-            weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-            counted = selected
-        else:  # L = sum_S l / |M| under token-mean
-            base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights, counted = base * selected, batch.completion_mask
         n = int(mask.sum())
         metrics = {"tokens_selected_frac": float(selected.sum()) / max(n, 1)}
         if threshold == threshold:  # not NaN: some token was selected
             metrics["entropy_threshold"] = threshold
-        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
-            counted, ctx.aggregation, ctx.max_completion_length))
+        if self.denominator_mode() == "selected":  # L = sum_S l / |S| under token-mean
+            return aggregate(selected, ctx, metrics)
+        return aggregate(batch.completion_mask, ctx, metrics, trained=selected)  # L = sum_S l / |M| under token-mean

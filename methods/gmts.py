@@ -56,8 +56,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.registry import register_method
 
@@ -163,9 +162,8 @@ class GMTS(Method):
             # + beta pi_ref / pi_theta - beta: d(-beta k3)/d log pi_theta, k3 = pi_ref/pi - log(pi_ref/pi) - 1
             omega = omega + (torch.exp(stats.ref_logp.detach().float() - logp) * ctx.beta - ctx.beta)
         if self.config.fold_aggregation:
-            weights, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation,
-                                                       ctx.max_completion_length)
-            omega = omega * weights / denominator
+            folded = aggregate(batch.completion_mask, ctx)
+            omega = omega * folded.weights / folded.denominator
         if self.config.score == "entropy":
             if stats.entropy is None:
                 raise ValueError("method 'gmts' needs stats.entropy (declared in GMTS.needs)")
@@ -182,15 +180,11 @@ class GMTS(Method):
         delta, trust = self.scores(stats, batch, ctx)
         selected = keep_top_scores(delta, mask, batch.group_ids, self.config.remove_fraction, self.config.scope)
         selected = selected.to(torch.float32)
-        if self.config.denominator == "selected":  # L = sum_S l / |S| under token-mean (paper)
-            weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-            counted = selected
-        else:  # L = sum_S l / |M| under token-mean (official: unselected advantages zeroed)
-            base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights, counted = base * selected, batch.completion_mask
         n = max(int(mask.sum()), 1)
         metrics = {"tokens_selected_frac": float(selected.sum()) / n,
                    "trust_zero_frac": float(((trust == 0) & mask).sum()) / n,
                    "score_zero_frac": float(((delta == 0) & mask).sum()) / n}
-        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
-            counted, ctx.aggregation, ctx.max_completion_length))
+        if self.config.denominator == "selected":  # L = sum_S l / |S| under token-mean (paper)
+            return aggregate(selected, ctx, metrics)
+        # L = sum_S l / |M| under token-mean (official: unselected advantages zeroed)
+        return aggregate(batch.completion_mask, ctx, metrics, trained=selected)

@@ -52,8 +52,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.registry import register_method
 
@@ -231,7 +230,6 @@ class KTAE(Method):
         return batch.replace(advantages=advantages.to(batch.advantages.dtype))
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
-        weights, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
         mask = batch.completion_mask > 0
         key = (batch.advantages.detach() - batch.rollout_advantages[:, None])[mask].abs()  # |key| on real tokens
         metrics = {}
@@ -239,5 +237,4 @@ class KTAE(Method):
             metrics = {"key_abs_mean": float(key.mean()),
                        "key_nonzero_frac": float((key > 1e-6 * self.config.top).float().mean()),
                        "key_saturated_frac": float((key > 0.999 * self.config.top).float().mean())}
-        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
-            batch.completion_mask, ctx.aggregation, ctx.max_completion_length))
+        return aggregate(batch.completion_mask, ctx, metrics)

@@ -35,8 +35,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.registry import register_method
 
@@ -89,17 +88,12 @@ class RSI(Method):
         # S = M & (a <= s/H <= b); NaN compares False, so H <= 0 is never kept
         high = math.inf if self.config.high is None else self.config.high
         selected = (mask & (rsi >= self.config.low) & (rsi <= high)).to(torch.float32)
-        if self.config.denominator == "selected":
-            weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-            counted = selected
-        else:
-            base, denominator = aggregation_weights(batch.completion_mask, ctx.aggregation, ctx.max_completion_length)
-            weights, counted = base * selected, batch.completion_mask
         n = max(int(mask.sum()), 1)
         defined = mask & ~torch.isnan(rsi)
         metrics = {"tokens_selected_frac": float(selected.sum()) / n,
                    "rsi_below_frac": float((defined & (rsi < self.config.low)).sum()) / n,
                    "rsi_above_frac": float((defined & (rsi > high)).sum()) / n,
                    "rsi_undefined_frac": float((mask & torch.isnan(rsi)).sum()) / n}
-        return TokenWeights(weights, denominator, metrics, row_denominators=aggregation_row_denominators(
-            counted, ctx.aggregation, ctx.max_completion_length))
+        if self.config.denominator == "selected":
+            return aggregate(selected, ctx, metrics)
+        return aggregate(batch.completion_mask, ctx, metrics, trained=selected)

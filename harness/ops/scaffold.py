@@ -29,8 +29,7 @@ from methods.base import (
     StepContext,
     TokenStats,
     TokenWeights,
-    aggregation_row_denominators,
-    aggregation_weights,
+    aggregate,
 )
 from methods.entropy import quantile_entropy_mask
 from methods.registry import register_method
@@ -58,12 +57,10 @@ class {cls}(Method):
         # (TRL semantics), which also works past torch.quantile's input size limit and on an empty mask.
         selected, _ = quantile_entropy_mask(stats.entropy.detach(), mask, self.config.rho)
         selected = selected.to(torch.float32)
-        weights, denominator = aggregation_weights(selected, ctx.aggregation, ctx.max_completion_length)
-        # each rollout's part of the denominator: the trainer sums them over processes or micro-batches
-        parts = aggregation_row_denominators(selected, ctx.aggregation, ctx.max_completion_length)
         n = int(mask.sum())
-        return TokenWeights(weights, denominator, {{"tokens_selected_frac": float(selected.sum()) / max(n, 1)}},
-                            row_denominators=parts)
+        # the run's aggregation (train.aggregation) over the selected tokens: L = sum_S l / |S| under token-mean;
+        # aggregate(batch.completion_mask, ctx, metrics, trained=selected) would divide by every token instead
+        return aggregate(selected, ctx, {{"tokens_selected_frac": float(selected.sum()) / max(n, 1)}})
 '''
 
 CONFIG = """# {title}: overrides of methods/{name}.py Config (its defaults are the paper's).
