@@ -18,7 +18,8 @@
 #               (configs/accelerate/deepspeed_zero3.json; the rehearsal checks stage 3, float32 masters, gradient
 #               accumulation and reduction; partitioning only with 2+ processes: at world size 1 DeepSpeed keeps
 #               every parameter whole), a 2-layer Qwen3, the same performance lines.
-# None of this has run on a GPU yet (docs/cluster.md). Exits non-zero when any check fails.
+# Only real-shape has run on a GPU (one H200, outside this script: results/bench/summary.md); the rest has not
+# (docs/cluster.md). Exits non-zero when any check fails.
 # Usage: scripts/gpu-smoke.sh [OUT_DIR [CHECK...]]   (default results/gpu-smoke, all checks in the order above;
 #        the rehearsals need the `gpu` extra: vLLM)
 # PEAK_TFLOPS=<dense bf16 TFLOP/s of the GPU> overrides the table used for MFU. CHECK_TIMEOUT_S (default 1200) and
