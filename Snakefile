@@ -15,10 +15,14 @@ import sys
 from pathlib import Path
 
 from harness.config.kernels import shell_exports
+from harness.config.loopback import shell_exports as loopback_exports
 from harness.config.loading import require_sweep_keys, resolve
 from harness.config.code_digests import stale_results
 from harness.config.paths import LABEL_PATTERN, SweepPaths, WARMSTART_LABEL, checkpoint_name, resolve_repo_path
-from harness.config.snapshot import digest, evaluation_config, train_job_config, warmstart_config, write_snapshot
+from harness.config.results_folder import secure_sweep_folder
+from harness.data.files import write_text_atomic
+from harness.config.snapshot import (data_config, digest, evaluation_config, train_job_config, warmstart_config,
+                                     write_snapshot)
 from harness.ops.resources import released_checkpoints, rule_resources, train_command, train_retries
 
 
@@ -33,13 +37,17 @@ require_sweep_keys(config, ", ".join(map(str, workflow.overwrite_configfiles)) o
 RESOLVED = resolve(dict(config))
 SWEEP = RESOLVED.sweep
 PRESET = RESOLVED.preset
+# Before anything is read or written there: the sweep folder and the folders on the way to it are refused when
+# another user could put files or links in them; missing ones are created; this process and its jobs create files
+# writable by their owner alone (harness/config/results_folder.py, docs/cluster-security.md)
+secure_sweep_folder(RESOLVED)
 PATHS = SweepPaths(RESOLVED.results_dir)  # every path below comes from here (harness/config/paths.py)
-# The sweep mapping of this parse, for people and `harness power --pilot`; no job reads it.
+# The sweep mapping of this parse, for people and `harness power --pilot`; no job reads it. Written as a new file
+# renamed over the old one: a link in its place is replaced, never written through.
 SWEEP_FILE = PATHS.sweep_file
 _sweep_text = json.dumps(dict(config), sort_keys=True, indent=1, default=str)
-if not SWEEP_FILE.exists() or SWEEP_FILE.read_text() != _sweep_text:
-    SWEEP_FILE.parent.mkdir(parents=True, exist_ok=True)
-    SWEEP_FILE.write_text(_sweep_text)
+if SWEEP_FILE.is_symlink() or not SWEEP_FILE.is_file() or SWEEP_FILE.read_text() != _sweep_text:
+    write_text_atomic(SWEEP_FILE, _sweep_text)
 # What every job of this DAG runs: the resolved sweep (preset and method specs included) in a file named by its
 # digest, never changed (a copy edited by hand is written again), so a later parse cannot change a running sweep's
 # jobs; it names this checkout, whose code the jobs must run (harness/config/snapshot.py). Each rule passes it as
@@ -54,14 +62,18 @@ if workflow.is_main_process:
         print(f"stale by code: {line}", file=sys.stderr)
 HARNESS = "harness {cmd} --sweep {{params.sweep:q}}"
 # Jobs find `harness` (and `accelerate`) next to the interpreter running Snakemake, whatever PATH the shell that
-# submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`, and exports a
-# pinned preset's CPU kernel variables before any job imports torch (harness/config/kernels.py).
+# submitted them had (SLURM jobs inherit it); the prefix keeps Snakemake's own `set -euo pipefail`, exports a
+# pinned preset's CPU kernel variables before any job imports torch (harness/config/kernels.py), and keeps every
+# job's Gloo, NCCL and vLLM listeners on loopback: all jobs are single-node (harness/config/loopback.py).
 shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"; "
-             + shell_exports(PRESET.cpu_kernels))
+             + shell_exports(PRESET.cpu_kernels) + loopback_exports())
 
 CKPTS = [checkpoint_name(f) for f in PRESET.train.budget.checkpoint_fractions]
 BENCHES = sorted(PRESET.eval.benchmarks)
-# hub: the one job that reads the hub (harness/data/hub.py); source.json records the files, commit and checksums
+# hub: the one job that reads the hub (harness/data/hub.py); source.json records the files, commit and checksums.
+# The data job also writes decontamination.json (harness/data/decontamination.py), not declared here: as an output
+# it would rerun the data job, and so every job, of each sweep finished before it existed (the report says "not
+# measured" there)
 DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
                 (["train.jsonl"] if PRESET.data.kind == "jsonl" else ["train.jsonl", "source.json"]
                  if PRESET.data.kind == "hub" else ["train.jsonl", "eval.jsonl", "ood.jsonl"])]
@@ -69,7 +81,6 @@ DATA_OUTPUTS = [str(PATHS.data_dir / f) for f in
 
 # A job reruns when its params.cfg (a digest of the configuration it depends on) or its inputs change
 # (harness/config/snapshot.py says what each digest leaves out: nothing that changes a result).
-PRESET_DICT = RESOLVED.to_dict()["preset"]
 EVAL_DIGEST = digest(evaluation_config(RESOLVED))
 # user files the jobs read: their edits rerun the jobs that read them
 USER_DATA = [str(resolve_repo_path(PRESET.data.train_file))] if PRESET.data.kind in ("jsonl", "mixed") else []
@@ -140,7 +151,7 @@ rule data:
     log:
         str(PATHS.log_file("data")),
     params:
-        cfg=digest(PRESET_DICT["data"]),
+        cfg=digest(data_config(RESOLVED)),
         sweep=SNAPSHOT,
     resources:
         **RES["data"],

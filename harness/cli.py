@@ -26,10 +26,15 @@ from harness.config.loading import load_method, resolve
 from harness.config.paths import CONFIG_DIR, REPO_ROOT, SweepPaths
 from harness.config.schema import ConfigError, MethodSpec, Resolved
 from harness.config.snapshot import is_snapshot, load_snapshot
+from harness.data.score_names import avg_at
 
 DEFAULT_SWEEP = CONFIG_DIR / "sweeps" / "default.yaml"
 DISTRIBUTION = "tokentarget-harness"  # pyproject.toml's [project] name
 HUB_OFFLINE_JOBS = ("data", "warmstart", "fetch", "train", "eval")  # run offline when the sweep reads the hub
+# the commands that write into the sweep folder (they create it) and those that only read it; either refuses a sweep
+# folder another user could change before touching it (harness/config/results_folder.py)
+SWEEP_FOLDER_WRITERS = ("data", "warmstart", "fetch", "train", "eval", "report", "extend-seeds")
+SWEEP_FOLDER_READERS = ("plan", "power", "calibrate", "progress")
 
 
 def _sweep_args(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +102,11 @@ def _resolve(args) -> tuple[Resolved, SweepPaths]:
         resolved = load_snapshot(Path(args.sweep))
     else:
         resolved = resolve(args.sweep, [o for o in args.overrides if not o.startswith("method.")])
+    if args.command in SWEEP_FOLDER_WRITERS or args.command in SWEEP_FOLDER_READERS:
+        from harness.config.results_folder import secure_sweep_folder
+
+        # a command writing to its --out instead reads the sweep folder only
+        secure_sweep_folder(resolved, create=args.command in SWEEP_FOLDER_WRITERS and not getattr(args, "out", None))
     if args.command in HUB_OFFLINE_JOBS:
         from harness.model.hub import offline_jobs
         from harness.ops.prefetch import reads_hub
@@ -192,6 +202,13 @@ def cmd_eval(args) -> None:
 
     from harness.evaluation.driver import evaluate_benchmark, import_eval_stack, load_checkpoint
     from harness.model.checkpoints import check_model_dir
+    from harness.train.trackers import (
+        check_trackers,
+        checkpoint_step,
+        eval_scalars,
+        log_eval_scores,
+        tracker_run_name,
+    )
 
     resolved, paths = _resolve(args)
     _use_cpu_kernels(args, resolved.preset.cpu_kernels)
@@ -209,6 +226,14 @@ def cmd_eval(args) -> None:
                   for ckpt in ckpts}
     for model_dir in model_dirs.values():
         check_model_dir(model_dir)
+    # a sweep run's checkpoints (not the warm start, a released model, or --out / --model-dir): their scores go to
+    # the run's trackers at the step each was saved at (harness/train/trackers.py); what cannot log fails here
+    train = resolved.preset.train
+    steps = {} if args.out or args.model_dir else {
+        ckpt: step for ckpt in ckpts
+        if (step := checkpoint_step(paths.run_file(args.label, args.seed), ckpt)) is not None}
+    if steps:
+        check_trackers(train.report_to, train.wandb_mode)
     import_eval_stack(resolved.preset.eval.backend)
     mark_startup("eval")
     # One process for every checkpoint of a run and every benchmark: the imports happen once, a checkpoint's model
@@ -216,6 +241,7 @@ def cmd_eval(args) -> None:
     # each (checkpoint, benchmark) is its own lm-eval run, seeded the same way as in a process of its own.
     for ckpt, model_dir in model_dirs.items():
         loaded = load_checkpoint(model_dir, resolved.preset.eval)
+        scores = {}
         for name in names:
             bench = benchmarks[name]
             data_file = paths.benchmark_data_file(bench.file)
@@ -227,7 +253,14 @@ def cmd_eval(args) -> None:
                                          resolved.preset.prompt_template, out_dir, loaded=loaded)
             shown = {k: round(v, 4) for k, v in results["metrics"].items() if isinstance(v, float)}
             print(f"{name} on {model_dir}: {shown}", flush=True)
+            scores[name] = results
         loaded.release()
+        if ckpt in steps:
+            logged = log_eval_scores(train.report_to, paths.run_dir(args.label, args.seed),
+                                     tracker_run_name(resolved.sweep.name, args.label, args.seed), ckpt, steps[ckpt],
+                                     eval_scalars(scores, mean=set(names) == set(benchmarks)), train.wandb_mode)
+            for line in logged:
+                print(f"{ckpt} scores at step {steps[ckpt]}: {line}", flush=True)
 
 
 def cmd_report(args) -> None:
@@ -297,7 +330,7 @@ def cmd_calibrate(args) -> None:
                     for s in seeds]
         common = sorted(set.intersection(*(set(p) for p in per_seed)))
         scores[bench] = score_matrix(per_seed, common)
-    record = calibration_summary(scores, preset.name, BASELINE_METHOD, seeds, ckpt, f"avg@{preset.eval.k}")
+    record = calibration_summary(scores, preset.name, BASELINE_METHOD, seeds, ckpt, avg_at(preset.eval.k))
     path = write_json_atomic(Path(args.out) if args.out else calibration_file(preset.name), record)
     print(f"wrote {path}: " + ", ".join(f"{scope} training-noise sd {100 * n['variance'] ** 0.5:.2f} pts "
                                        f"({n['df']:g} df)" for scope, n in record["training_noise"].items()))

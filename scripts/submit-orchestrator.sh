@@ -78,22 +78,25 @@ SWEEP=$(cd "$(dirname "$SWEEP")" && pwd)/$(basename "$SWEEP")
   || die "$VENV has no SLURM executor plugin: $VENV/bin/pip install -e '${REPO}[cluster]'"
 
 # the sweep's name and results folder, as the Snakefile resolves the file (before any --config in SNAKEMAKE_ARGS);
-# a sweep file that does not resolve is refused here, before it waits in the queue
+# a sweep file that does not resolve, or a results folder another user could change, is refused here, before it
+# waits in the queue; the folder and its logs/ are created as the Snakefile would (harness/config/results_folder.py)
 resolved=$(cd "$REPO" && "$VENV/bin/python" - "$SWEEP" <<'EOF'
 import sys
 from pathlib import Path
 
 from harness.config.loading import resolve
+from harness.config.results_folder import secure_sweep_folder
 
 resolved = resolve(Path(sys.argv[1]))
+secure_sweep_folder(resolved)
+(resolved.results_dir / "logs").mkdir(mode=0o755, exist_ok=True)
 print(resolved.sweep.name)
 print(resolved.results_dir)
 EOF
-) || die "the sweep file $SWEEP does not resolve (above)"
+) || die "the sweep file $SWEEP does not resolve, or its results folder is refused (above)"
 NAME=$(tail -n 2 <<<"$resolved" | head -n 1)  # the last two lines: whatever resolving printed comes before
 RESULTS=$(tail -n 1 <<<"$resolved")
 LOG_DIR=$RESULTS/logs
-mkdir -p "$LOG_DIR"
 JOB_NAME=${JOB_NAME:-snakemake-$NAME}
 
 flags=(--parsable --job-name="$JOB_NAME" --ntasks=1 --nodes=1 --cpus-per-task=1 --mem="$MEM" --time="$TIME"

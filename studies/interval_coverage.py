@@ -59,6 +59,7 @@ from scipy.special import expit, polygamma
 from bench.machine import environment
 from bench.publish import add_path_args, table, update_summary, write_result
 from harness.config.paths import REPO_ROOT
+from harness.data.score_names import avg_at, pass_at
 from harness.report.calibration import GUARD_LEVEL, check_calibration
 from harness.report.intervals import difference_interval
 from harness.report.outliers import ABSOLUTE_FLOOR, MAD_SCALE, OUTLIER_K, outlying_runs, scores_table
@@ -138,9 +139,9 @@ def read_example() -> dict:
         every = [r for results in per_label.values() for r in results]
         out[bench] = {
             "n_problems": every[0]["n_problems"],
-            "avg": float(np.mean([r["metrics"]["avg@4"] for r in every])),
-            "pass4": float(np.mean([r["metrics"]["pass@4"] for r in every])),
-            "per_seed": {lab: [r["metrics"]["avg@4"] for r in res] for lab, res in per_label.items()},
+            "avg": float(np.mean([r["metrics"][avg_at(K)] for r in every])),
+            "pass4": float(np.mean([r["metrics"][pass_at(K)] for r in every])),
+            "per_seed": {lab: [r["metrics"][avg_at(K)] for r in res] for lab, res in per_label.items()},
         }
     return out
 

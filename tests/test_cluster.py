@@ -138,8 +138,9 @@ def test_accelerate_launcher_uses_the_backend_config_and_one_process_per_gpu(dis
     # DeepSpeed's own settings (ZeRO-3, float32 gradient accumulation and reduction) come from the JSON beside it
     json_config = config.with_suffix(".json")
     deepspeed = f"--deepspeed_config_file {json_config} " if distributed == "deepspeed_zero3" else ""
-    assert command.startswith(f"accelerate launch --config_file {config} {deepspeed}--num_processes 4 --num_machines 1 "
-                              "--main_process_port 0 --mixed_precision bf16 -m harness.cli " + ARGS)
+    # accelerate launch with its rendezvous on 127.0.0.1, on a port it holds (tests/test_loopback.py)
+    assert command.startswith(f"python -m harness.ops.loopback_launch --config_file {config} {deepspeed}"
+                              "--num_processes 4 --num_machines 1 --mixed_precision bf16 -m harness.cli " + ARGS)
     if deepspeed:
         settings = json.loads(json_config.read_text())
         assert settings["zero_optimization"]["stage"] == 3
@@ -155,7 +156,8 @@ def test_vllm_server_mode_gives_the_server_its_own_gpus():
     assert training_processes(preset) == 4
     command = train_command(preset, ARGS, "/w/model")
     script = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
-    assert command.startswith(f"bash {script} /w/model 2 0.9 4096 {{log}}.vllm -- accelerate launch ")
+    assert command.startswith(f"bash {script} /w/model 2 0.9 4096 {{log}}.vllm -- "
+                              "python -m harness.ops.loopback_launch ")
     assert "--num_processes 4 " in command
 
 
@@ -416,7 +418,8 @@ def test_paper_sweep_dry_run_with_the_slurm_profile(sweep, tmp_path):
         assert int(resources["mem_mb"]) == getattr(preset.resources, section).mem_mb
         assert int(resources["runtime"]) == getattr(preset.resources, section).runtime
         if job["rule"] == "train":
-            assert job["shell"].startswith("accelerate launch ") and f"--num_processes {train_gpus} " in job["shell"]
+            assert job["shell"].startswith("python -m harness.ops.loopback_launch ")
+            assert f"--num_processes {train_gpus} " in job["shell"]
             assert f"{preset.train.distributed}.yaml" in job["shell"]
 
 

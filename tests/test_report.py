@@ -27,7 +27,16 @@ from harness.report.markdown import (
 from harness.report.reported import load_reported
 from harness.report.scores import crossed_variance
 from harness.report.summary import claim_verdicts, mean_training_share, noise_at, summarize
-from harness.report.tables import FLOOR_LEGEND, FLOOR_MARK, bench_table, claims_table, overview_table, select, with_ci
+from harness.report.tables import (
+    FLOOR_LEGEND,
+    FLOOR_MARK,
+    bench_table,
+    claims_table,
+    overview_table,
+    pct,
+    select,
+    with_ci,
+)
 from harness.report.training_noise import CALIBRATED, MODERATED, POOLED, VARIANCE_BASES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -689,3 +698,125 @@ def test_a_papers_baseline_outside_our_interval_flags_a_protocol_mismatch():
     assert not BaselineLevel(76.0, ours).mismatch
     assert baseline_cell(BaselineLevel(None, ours, ("aime24",))) == "paper: none for aime24; ours: 77.0 [75.0, 79.0]"
     assert baseline_cell(BaselineLevel(None, None)) == "paper: no paper; ours: not evaluated"
+
+
+STAND_INS = """
+source: "A paper, Table 2"
+metric: avg@16
+protocol: "16 samples"
+numbers:
+  uniform: {arith: 40.5, arith_ood: 50.0}
+  entropy: {arith: 70.0, arith_ood: 55.0}
+stand_ins:
+  arith_ood: "paper: OOD-83, 83 problems; ours: arith_ood, 30 problems"
+claims:
+  - {method: entropy, benchmark: mean, metric: avg@k, difference: 17.25, kind: improvement, where: "Table 2"}
+  - {method: entropy, benchmark: arith, metric: avg@k, difference: 29.5, kind: improvement, where: "Table 3"}
+  - {method: gmts, benchmark: mean, metric: avg@k, difference: 1.0, kind: improvement, where: "Table 4"}
+"""
+
+
+def test_a_claims_mean_is_also_shown_without_its_stand_in_benchmarks(tmp_path):
+    """#35 item 10: a benchmark declared a stand-in (AMC23 for the paper's 83-problem AMC) is left out of a second
+    mean beside the claim's: the paper's from its numbers, ours over the same benchmarks, in every page."""
+    from harness.report.summary import without_stand_ins
+
+    resolved, paths = build_sweep(tmp_path)
+    reported_file = tmp_path / "reported.yaml"
+    reported_file.write_text(STAND_INS)
+    write_leaderboard(resolved, paths, reported_file=reported_file, n_resamples=200)
+    evidence, reported = read_sweep(resolved, paths), load_reported(reported_file)
+    judged = claim_verdicts(evidence, reported)
+    means = [without_stand_ins(v, evidence, reported) for v in judged]
+    assert means[1] is None  # a claim on one benchmark: no mean to take apart
+    mean = means[0]
+    assert (mean.dropped, mean.kept) == (("arith_ood",), ("arith",))
+    # by hand: with arith_ood (70.0 + 55.0) / 2 = 62.5 vs (40.5 + 50.0) / 2 = 45.25; without it 70.0 vs 40.5
+    assert mean.paper_with == pytest.approx((62.5, 45.25)) and mean.paper_without == pytest.approx((70.0, 40.5))
+    assert mean.ours_with is judged[0].interval
+    final, avg = evidence.final_ckpt, evidence.avg_metric
+    differences = (evidence.scores[("entropy", final, "arith", avg)]
+                   - evidence.scores[("uniform", final, "arith", avg)])
+    assert mean.ours_without.estimate == pytest.approx(differences.mean())  # every problem and seed of arith alike
+    # over one benchmark it is the leaderboard's Δ on that benchmark: the same pooled training noise
+    [row] = select(summarize(evidence, reported, n_resamples=200), ckpt=final, method="entropy", bench="arith",
+                   metric=avg, statistic="mean")
+    assert (mean.ours_without.low, mean.ours_without.high) == pytest.approx((row["diff_ci_low"], row["diff_ci_high"]))
+    assert means[2].ours_without is None and means[2].missing == ("gmts",)  # not in the sweep, nor in the paper
+    md = (paths.root / "leaderboard.md").read_text()
+    section = md.split("### The claims' means without stand-in benchmarks")[1].split("\n## ")[0]
+    assert "`stand_ins` in `reported.yaml`" in section
+    [cells] = [line.strip("| ").split(" | ") for line in section.splitlines() if line.startswith("| entropy beats")]
+    ours = f"+{pct(mean.ours_without.estimate)} [{pct(mean.ours_without.low)}, {pct(mean.ours_without.high)}]"
+    claimed = judged[0].interval
+    assert cells[1:] == ["arith_ood: paper: OOD-83, 83 problems; ours: arith_ood, 30 problems",
+                         "entropy 62.50 vs uniform 45.25: Δ +17.25 (2 benchmarks)",
+                         "entropy 70.00 vs uniform 40.50: Δ +29.50 (1 benchmark)",
+                         f"+{pct(claimed.estimate)} [{pct(claimed.low)}, {pct(claimed.high)}]", ours]
+    gmts = [line for line in section.splitlines() if line.startswith("| gmts beats")][0]
+    assert "| none for gmts | none for gmts | not evaluated | not evaluated |" in gmts
+    bottom = md.split("## Bottom line")[1].split("\n## ")[0]
+    assert f"; without arith_ood (stand-in): Δ {ours}, paper +29.50" in bottom
+    assert "- arith_ood: paper: OOD-83, 83 problems; ours: arith_ood, 30 problems" in md  # the reported section
+    claims = json.loads((paths.root / "leaderboard.json").read_text())["claims"]
+    record = claims[0]["without_stand_ins"]
+    assert record["paper_without"] == {"method": 70.0, "baseline": 40.5, "diff": 29.5}
+    assert record["paper_with"]["diff"] == pytest.approx(17.25) and record["benchmarks_without"] == ["arith"]
+    assert record["ours_without"]["diff"] == pytest.approx(mean.ours_without.estimate)
+    assert claims[1]["without_stand_ins"] is None
+    page = html_module.unescape((paths.root / "report.html").read_text())
+    assert "The claims' means without stand-in benchmarks" in page and "entropy 62.50 vs uniform 45.25" in page
+
+
+@pytest.mark.parametrize(("sweep", "with_amc", "without_amc"), [
+    # by hand from the files' numbers (aime24, amc23, math500, minerva_math, olympiadbench):
+    # ktae (20.0 + 50.6 + 77.6 + 29.0 + 40.0) / 5 = 43.44, uniform (16.7 + 47.0 + 77.6 + 25.7 + 39.0) / 5 = 41.20;
+    # without amc23: 166.6 / 4 = 41.65 and 159.0 / 4 = 39.75
+    ("paper-ktae", (43.44, 41.20), (41.65, 39.75)),
+    # GRPO: 208.5 / 5 = 41.70 vs 202.9 / 5 = 40.58; without amc23 (KTAE 41.0 against 51.8): 167.5 / 4 vs 151.1 / 4
+    ("paper-ktae-grpo", (41.70, 40.58), (41.875, 37.775)),
+])
+def test_the_ktae_claims_mean_without_amc23(sweep, with_amc, without_amc):
+    """The shipped KTAE files declare AMC23 a stand-in for the 83-problem AMC; their claims' means without it."""
+    from types import SimpleNamespace
+
+    from harness.report.summary import without_stand_ins
+    from harness.report.tables import stand_in_table
+    from harness.report.verdicts import Verdict
+
+    reported = load_reported(REPO / "configs" / "reported" / f"{sweep}.yaml")
+    assert "83 problems" in reported.stand_ins["amc23"] and "40 problems" in reported.stand_ins["amc23"]
+    benches = ["aime24", "amc23", "math500", "minerva_math", "olympiadbench"]
+    evidence = SimpleNamespace(benches=benches, scores={}, final_ckpt="ckpt-100", avg_metric="avg@16",
+                               calibration=None, labels=[])  # no sweep run yet: the paper's side only
+    verdict = Verdict(reported.claims[0], "not evaluated", "")
+    mean = without_stand_ins(verdict, evidence, reported)
+    assert mean.paper_with == pytest.approx(with_amc) and mean.paper_without == pytest.approx(without_amc)
+    _, [row] = stand_in_table([verdict], [mean])
+    assert row[2] == f"ktae {with_amc[0]:.2f} vs uniform {with_amc[1]:.2f}: Δ {with_amc[0] - with_amc[1]:+.2f} " \
+                     "(5 benchmarks)"
+    assert row[3].endswith(f"Δ {without_amc[0] - without_amc[1]:+.2f} (4 benchmarks)")
+    assert row[4:] == ["not evaluated", "not evaluated"]
+
+
+def test_gmts_declares_the_stand_in_without_paper_numbers():
+    from types import SimpleNamespace
+
+    from harness.report.summary import without_stand_ins
+    from harness.report.verdicts import Verdict
+
+    reported = load_reported(REPO / "configs" / "reported" / "paper-gmts.yaml")
+    evidence = SimpleNamespace(benches=["aime24", "amc23", "math500"], scores={}, final_ckpt="ckpt-100",
+                               avg_metric="avg@16", calibration=None, labels=[])
+    mean = without_stand_ins(Verdict(reported.claims[0], "not evaluated", ""), evidence, reported)
+    assert mean.paper_with is None and mean.paper_without is None and mean.missing == ("gmts", "ets")
+
+
+def test_stand_ins_errors_name_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stand_ins: [amc23]\n")
+    with pytest.raises(ConfigError, match="key 'stand_ins' must map a benchmark"):
+        load_reported(bad)
+    bad.write_text("stand_ins: {amc23: ''}\n")
+    with pytest.raises(ConfigError, match="key 'stand_ins.amc23'"):
+        load_reported(bad)

@@ -47,6 +47,7 @@ def test_unchanged_replay_is_bit_identical(recorded):
     verdict = verify_run(run_dir, out, STEPS)
     assert verdict.identical, verdict.describe()
     assert "bit-identical" in verdict.describe()
+    assert verdict.describe().count(", packages of ") == 2  # both machines' package lock (or none)
 
 
 def test_perturbed_weight_decay_diverges_at_the_first_update(recorded, tmp_path):

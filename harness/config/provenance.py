@@ -14,6 +14,7 @@ import torch
 from harness.config.code_digests import code_record
 from harness.config.kernels import kernels_in_effect
 from harness.config.loading import dump_yaml
+from harness.config.package_lock import lock_provenance
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import MethodSpec, Resolved
 
@@ -66,8 +67,10 @@ def hardware() -> dict:
 
 
 def provenance(data_sha256: dict[str, str] | None = None) -> dict:
-    """Versions, git, hardware and ``data_sha256`` (data file name -> sha256, computed by the caller)."""
-    record = {"versions": package_versions(), "git": git_state(), "hardware": hardware()}
+    """Versions, git, hardware, the lock file the installed packages match (``lock``: its path and sha256, or None
+    with ``lock_closest``; harness/config/package_lock.py) and ``data_sha256`` (data file name -> sha256, computed by
+    the caller)."""
+    record = {"versions": package_versions(), "git": git_state(), "hardware": hardware(), **lock_provenance()}
     if data_sha256:
         record["data_sha256"] = dict(data_sha256)
     return record

@@ -78,7 +78,12 @@ def model_pin_problems(model: ModelConfig) -> list[str]:
 
 def _data_problems(data: DataConfig) -> list[str]:
     problems = hub_config_problems(data.hub) if data.kind == "hub" else []
-    return ["data.kind=hub: " + "; ".join(problems)] if problems else []
+    problems = ["data.kind=hub: " + "; ".join(problems)] if problems else []
+    if data.max_ngram_overlap > 0 and not data.overlap_reason.strip():
+        problems.append(f"key 'data.overlap_reason' is empty, but data.max_ngram_overlap={data.max_ngram_overlap:g} "
+                        "lets training rows share word 8-grams with the benchmarks: say why the preset trains on "
+                        "them (the measured overlap and what the shared 8-grams are), or set it to 0")
+    return problems
 
 
 def _budget_problems(budget: BudgetConfig) -> list[str]:

@@ -134,6 +134,13 @@ class DataConfig:
     max_train_rows: int = setting(0, "jsonl, hub: the first rows only; 0 = all", low=0)
     synthetic: SyntheticConfig = section(SyntheticConfig)
     hub: HubDataConfig = section(HubDataConfig, "checked when data.kind is hub")
+    max_ngram_overlap: float = setting(
+        0.0, "the largest share of training rows that may share a word 8-gram with one benchmark's problems "
+        "(harness/data/decontamination.py; the data job measures it, writes results/<sweep>/data/decontamination.json "
+        "and refuses the data above it). 0, open-r1's rule: a row sharing an 8-gram with a benchmark is contaminated. "
+        "More needs data.overlap_reason", low=0.0, high=1.0)
+    overlap_reason: str = setting("", "why the preset trains on rows that share 8-grams with its benchmarks (required "
+                                  "when data.max_ngram_overlap is above 0); shown in the report")
 
 
 @dataclass
@@ -288,10 +295,17 @@ class TrainConfig:
                                        low=0)
     threads: int = setting(1, "torch CPU threads per job", low=1)
     report_to: list[str] = setting(
-        ["tensorboard"], "trackers each run logs metrics.jsonl's records and its config to, beside metrics.jsonl "
-        "(harness/train/trackers.py): tensorboard (event files in the run's tensorboard/), wandb (offline, in the "
-        "run's wandb/), mlflow (a local file store, the run's mlruns/); [] = none. wandb and mlflow: `pip install "
-        "-e .[trackers]`", choices=("tensorboard", "wandb", "mlflow"))
+        ["tensorboard"], "trackers each run logs metrics.jsonl's records and its config to, beside metrics.jsonl, and "
+        "each checkpoint's eval scores to at the checkpoint's step (harness/train/trackers.py): tensorboard (event "
+        "files in the run's tensorboard/), wandb (train.wandb_mode; files in the run's wandb/), mlflow (a local file "
+        "store, the run's mlruns/); [] = none. wandb and mlflow: `pip install -e .[trackers]`",
+        choices=("tensorboard", "wandb", "mlflow"))
+    wandb_mode: str = setting(
+        "offline", "Weights & Biases, when train.report_to names wandb: offline = nothing leaves the machine (`wandb "
+        "sync` uploads the run's wandb/ later); online = live to the W&B server, which needs WANDB_API_KEY or `wandb "
+        "login` (a job without either stops at its start naming this key). Both: group = the sweep, job type = the "
+        "label, name = seed<N>; each checkpoint's eval scores in a run of job type <label>-eval",
+        choices=("offline", "online"))
     master_dtype: str = setting(
         "float32", "the dtype of the trainable policy's weights, gradients and AdamW state (the master weights). "
         "model.dtype is the dtype forward passes compute in (autocast under accelerate's --mixed_precision, bf16=True "
@@ -453,6 +467,10 @@ class SweepConfig:
     methods: list[str] = setting(["uniform"], "method labels: configs/method/<label>.yaml")
     seeds: list[int] = setting([0], "run seeds, non-negative")
     results_dir: str = setting("results", "where sweep folders go, relative to the repo root")
+    results_trusted_group: str = setting(
+        "", "a group you belong to whose members you trust with your results: folders of that group on the way to "
+        "the sweep folder may belong to another user or be writable by the group (a lab's shared project folder); "
+        "empty: none (docs/cluster-security.md)")
     method_config_dirs: list[str] = setting([], "searched before configs/method (other packages)")
 
 

@@ -60,7 +60,7 @@ def write_snapshot(resolved: Resolved, checkout: Path, folder: Path) -> Path:
     refuses such a file: the next parse restores it)."""
     text = snapshot_text(resolved, checkout)
     path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]}.json"
-    if not path.is_file() or path.read_text() != text:
+    if path.is_symlink() or not path.is_file() or path.read_text() != text:  # a link is replaced, never kept
         staging = staging_file(path)
         staging.write_text(text)
         os.replace(staging, path)
@@ -107,15 +107,36 @@ def check_checkout(checkout: Path, snapshot: Path) -> None:
             f"after `make setup` there, or `pip install -e {checkout}` into the environment you use)")
 
 
+# data settings that decide only whether the data job refuses its data (harness/data/decontamination.py), not what
+# any job writes or trains: left out of every digest, so a sweep finished before they existed is not rerun
+DATA_CHECK_KEYS = ("max_ngram_overlap", "overlap_reason")
+
+
+def _preset_dict(resolved: Resolved) -> dict:
+    """The resolved preset as a mapping, without ``DATA_CHECK_KEYS``."""
+    preset = resolved.to_dict()["preset"]
+    for key in DATA_CHECK_KEYS:
+        preset["data"].pop(key)
+    return preset
+
+
+def data_config(resolved: Resolved) -> dict:
+    """What changes the data job's files: the data settings but ``DATA_CHECK_KEYS`` (a refused data job leaves no
+    train.jsonl, so it runs again after a change of them; a finished one is not rerun by one)."""
+    return _preset_dict(resolved)["data"]
+
+
 def training_config(resolved: Resolved) -> dict:
     """What changes the training of every run of a sweep: the preset without its eval settings (but the reward's
-    scoring timeout), its cluster resources (but the number of training processes the batch is split over) and
-    ``train.fast_decode`` (the same tokens with less Python: harness/model/decode.py)."""
-    preset = resolved.to_dict()["preset"]
+    scoring timeout), its cluster resources (but the number of training processes the batch is split over),
+    ``train.fast_decode`` (the same tokens with less Python: harness/model/decode.py) and the data job's check
+    (``DATA_CHECK_KEYS``)."""
+    preset = _preset_dict(resolved)
     scoring_timeout_s = preset.pop("eval")["scoring_timeout_s"]
     preset.pop("resources")
     preset["train"].pop("fast_decode")
     preset["train"].pop("report_to")  # where metrics are also logged: not what is trained
+    preset["train"].pop("wandb_mode")
     return {**preset, "reward_scoring_timeout_s": scoring_timeout_s,
             "training_processes": training_processes(resolved.preset)}
 
@@ -130,9 +151,9 @@ def evaluation_config(resolved: Resolved) -> dict:
 
 
 def warmstart_config(resolved: Resolved) -> dict:
-    """What changes the warm start: the model, the warm-start and data settings, the prompt template its SFT
-    examples are rendered with, and the CPU kernels."""
-    preset = resolved.to_dict()["preset"]
+    """What changes the warm start: the model, the warm-start and data settings (but ``DATA_CHECK_KEYS``), the
+    prompt template its SFT examples are rendered with, and the CPU kernels."""
+    preset = _preset_dict(resolved)
     return {key: preset[key] for key in ("model", "warmstart", "data", "prompt_template", "cpu_kernels")}
 
 

@@ -4,7 +4,8 @@
 ``cd data && sha256sum -c SHA256SUMS`` checks the same thing ``verify_checksum`` does.
 
 Atomic writes go to a temp file in the destination folder, are fsynced, then ``os.replace``d over the target:
-a job killed mid-write leaves at most a stray ``.tmp`` file, never a complete-looking truncated output.
+a job killed mid-write leaves at most a stray ``.tmp`` file, never a complete-looking truncated output. A link
+planted at the target's name is replaced, never written through (the staging name is unpredictable: mkstemp).
 """
 
 from __future__ import annotations
@@ -172,6 +173,20 @@ def write_json_atomic(path: str | Path, obj: Any, indent: int = 2) -> Path:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """``text`` as UTF-8, replacing ``path`` in one step."""
     return _write_atomic(path, lambda handle: handle.write(text))
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path``, created (0644) when missing; a symbolic link there is refused, never
+    written through (a log growing line by line cannot be staged and renamed like the files above)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        if Path(path).is_symlink():
+            raise ValueError(f"{path} is a symbolic link: refusing to append through it (remove it; a sweep "
+                             "folder's files are never links)") from None
+        raise
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def write_sha256sums(folder: str | Path, files: Iterable[str | Path]) -> Path:

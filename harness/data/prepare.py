@@ -7,6 +7,7 @@ import random
 
 from harness.config.paths import SweepPaths, resolve_repo_path
 from harness.config.schema import Resolved
+from harness.data.decontamination import decontaminate
 from harness.data.files import read_jsonl, verify_checksum, write_jsonl_atomic, write_sha256sums
 from harness.data.synthetic import generate_split
 
@@ -15,7 +16,10 @@ def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
     """Write the sweep's data folder with its SHA256SUMS: ``train.jsonl`` (synthetic problems, rows of a shipped
     JSONL after its checksum is verified, or both shuffled together for ``mixed``; for ``hub`` the rows of a hub
     dataset at its pinned commit, with ``source.json`` saying where they came from: harness/data/hub.py) and, with
-    synthetic data, the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits."""
+    synthetic data, the ``eval.jsonl`` / ``ood.jsonl`` benchmark splits. Then the word 8-gram overlap of the
+    training rows with every benchmark of the preset goes to ``decontamination.json`` (not in SHA256SUMS: nothing
+    is trained from it), and training data over ``data.max_ngram_overlap`` is refused
+    (harness/data/decontamination.py)."""
     data = resolved.preset.data
     out = paths.data_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -24,7 +28,7 @@ def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
 
         train, source = prepare_hub_train(data.hub, data.max_train_rows, out)
         write_sha256sums(out, [train, source])
-        return {"train": str(train), "source": str(source)}
+        return {"train": str(train), "source": str(source), "decontamination": str(decontaminate(resolved, paths))}
     (out / "source.json").unlink(missing_ok=True)  # a hub source of an earlier configuration is not this data's
     train_rows, written = [], {}
     if data.kind in ("synthetic", "mixed"):
@@ -40,7 +44,8 @@ def prepare_data(resolved: Resolved, paths: SweepPaths) -> dict:
         random.Random(data.synthetic.seed).shuffle(train_rows)
     written["train"] = write_jsonl_atomic(out / "train.jsonl", train_rows)
     write_sha256sums(out, written.values())
-    return {split: str(path) for split, path in written.items()}
+    return {**{split: str(path) for split, path in written.items()},
+            "decontamination": str(decontaminate(resolved, paths))}
 
 
 def read_train_split(paths: SweepPaths, required: tuple[str, ...] = ("id", "problem", "answer")) -> list[dict]:

@@ -26,7 +26,8 @@ checkpoint's generation_config.json (Qwen2.5 ships top_k=20, repetition_penalty=
 
 Outputs (written atomically; ``results.json`` last, so its presence means the run finished):
 ``samples.jsonl`` one row per (problem, sample) and ``results.json`` (protocol, metrics, data checksum,
-versions, timings, and lm-eval's own aggregate of the same scores as a cross-check).
+versions, the lock file the installed packages match, timings, and lm-eval's own aggregate of the same scores as a
+cross-check).
 """
 
 from __future__ import annotations
@@ -46,9 +47,19 @@ from typing import Any
 
 from harness.config.code_digests import code_record
 from harness.config.launch import require_vllm_cpu_build
+from harness.config.loopback import use_loopback
+from harness.config.package_lock import lock_provenance
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import BenchmarkConfig, EvalConfig
-from harness.data.files import DataFileError, read_jsonl, verify_checksum, write_json_atomic, write_jsonl_atomic
+from harness.data.files import (
+    DataFileError,
+    read_jsonl,
+    verify_checksum,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
+from harness.data.score_names import GREEDY_ACCURACY, avg_at, maj_at, pass_at
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BASE_TASK = TASKS_DIR / "_default_template_yaml"
@@ -118,18 +129,18 @@ def summarize(samples: Sequence[dict], k: int, max_gen_toks: int) -> dict[str, f
 
     sampled_rows = [r for rows in by_problem.values() for r in rows]
     metrics: dict[str, float | int | None] = {
-        f"avg@{k}": mean(avg_at_k([r["correct"] for r in rows]) for rows in gradable.values()),
+        avg_at(k): mean(avg_at_k([r["correct"] for r in rows]) for rows in gradable.values()),
     }
     for j in pass_levels(k):
-        metrics[f"pass@{j}"] = mean(pass_at_k(k, sum(r["correct"] for r in rows), j) for rows in gradable.values())
-    metrics[f"maj@{k}"] = mean(float(majority_correct([r["extracted"] for r in rows], [r["correct"] for r in rows]))
+        metrics[pass_at(j)] = mean(pass_at_k(k, sum(r["correct"] for r in rows), j) for rows in gradable.values())
+    metrics[maj_at(k)] = mean(float(majority_correct([r["extracted"] for r in rows], [r["correct"] for r in rows]))
                                for rows in gradable.values())
     metrics["mean_response_tokens"] = mean(r["response_tokens"] for r in sampled_rows)
     metrics["format_ok_rate"] = mean(float(r["format_ok"]) for r in sampled_rows)
     metrics["clipped_rate"] = mean(float(r["response_tokens"] >= max_gen_toks) for r in sampled_rows)
     if greedy:
         greedy_gradable = [r for r in greedy.values() if r["gradable"]]
-        metrics["greedy_accuracy"] = mean(float(r["correct"]) for r in greedy_gradable)
+        metrics[GREEDY_ACCURACY] = mean(float(r["correct"]) for r in greedy_gradable)
         metrics["greedy_mean_response_tokens"] = mean(r["response_tokens"] for r in greedy.values())
         metrics["greedy_format_ok_rate"] = mean(float(r["format_ok"]) for r in greedy.values())
     metrics["n_gradable"] = len(gradable)
@@ -215,8 +226,7 @@ def write_task_file(task_dir: Path, bench_name: str, mode: str, docs_file: Path,
         "generation_kwargs": gen_kwargs,
     }
     path = task_dir / f"{task}.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    return path
+    return write_text_atomic(path, yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
 
 
 def _portable(path: Path) -> str:
@@ -360,6 +370,7 @@ def load_checkpoint(model_dir: Path, eval_cfg: EvalConfig, device: str = "cpu") 
     extra = {"batch_size": eval_cfg.batch_size, "max_batch_size": None, "device": device}
     if eval_cfg.backend == "vllm":
         extra = {"batch_size": "auto", "max_batch_size": None, "device": None}
+        use_loopback()  # the engine's Gloo and NCCL listeners and its rendezvous address on loopback
     lm = lm_eval.api.registry.get_model(lm_eval_model_name(eval_cfg)).create_from_arg_obj(arguments, extra)
     return LoadedCheckpoint(model_dir, AutoTokenizer.from_pretrained(model_dir), lm)
 
@@ -452,6 +463,7 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "data_sha256": data_sha256,
         "samples_file": "samples.jsonl",
         "versions": _versions(eval_cfg.backend),
+        **lock_provenance(),  # the lock file the installed packages match (harness/config/package_lock.py)
         "code": code_record(),
         "generate_s": round(generate_s, 3),
         "score_s": round(score_s, 3),

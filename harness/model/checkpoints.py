@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config.schema import ModelConfig
+from harness.data.files import write_text_atomic
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them: a tokenizer transformers loads
@@ -127,7 +128,7 @@ def save_policy(model, tokenizer, out_dir: Path, state_dict: dict | None = None,
     config_file = out_dir / "config.json"
     config = json.loads(config_file.read_text()) if dtype is not None else {}
     if dtype is not None and config.get("dtype") != dtype:  # save_pretrained wrote the in-memory weights' dtype
-        config_file.write_text(json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(config_file, json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n")
 
 
 def convert_gguf(cfg: ModelConfig, out_dir: Path) -> dict:

@@ -5,8 +5,9 @@ What it keeps and what it replaces, and the model and rows it runs: harness/ops/
 Checked after the run (``check_rehearsal``, ``check_resume``): every job succeeded; each trained run's weights and
 AdamW state are in the preset's ``train.master_dtype`` (float32 partitions under ZeRO-3) and the weights moved; its
 ledger counts what ``harness plan`` and the fidelity table say the budget is; the leaderboard, claims table, fidelity
-table and HTML report were written; one label's train job, killed with SIGKILL after its first trainer checkpoint and
-rerun, gives the uninterrupted run's metrics.
+table (its data row with the measured 8-gram overlap), training data overlap section and HTML report were written,
+and the data job's data/decontamination.json; one label's train job, killed with SIGKILL after its first trainer
+checkpoint and rerun, gives the uninterrupted run's metrics.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from harness.config.launch import training_processes
 from harness.config.loading import load_method, resolve
 from harness.config.paths import REPO_ROOT, SweepPaths
 from harness.config.schema import PresetConfig
+from harness.data.files import write_text_atomic
 from harness.ops.rehearsal_setup import Rehearsal, engine, prepare
 
 
@@ -54,7 +56,8 @@ def run_snakemake(rehearsal: Rehearsal, out_dir: Path, cores: int = 2, gpus: int
     command = snakemake_command(rehearsal, out_dir, cores, gpus)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     log = out_dir / f"{rehearsal.name}.snakemake.log"
-    with open(log, "w", encoding="utf-8") as handle:
+    log.unlink(missing_ok=True)
+    with open(log, "x", encoding="utf-8") as handle:  # a new file: never through a link
         return subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
 
 
@@ -93,11 +96,15 @@ def check_rehearsal(rehearsal: Rehearsal) -> list[str]:
     for name in ("leaderboard.md", "report.html", "leaderboard.csv", "leaderboard.json"):
         if not (paths.root / name).is_file():
             problems.append(f"{name} was not written")
+    if not (paths.data_dir / "decontamination.json").is_file():
+        problems.append("the data job wrote no data/decontamination.json (harness/data/decontamination.py)")
     if (paths.root / "leaderboard.md").is_file():
         text = (paths.root / "leaderboard.md").read_text()
-        for heading in ("## Protocol fidelity", "## Claims"):
+        for heading in ("## Protocol fidelity", "## Claims", "## Training data overlap with the benchmarks"):
             if heading not in text:
                 problems.append(f"leaderboard.md has no '{heading}' section")
+        if "derived.ngram_overlap=8-gram overlap of the training rows" not in text:
+            problems.append("the fidelity table's data row does not show the measured 8-gram overlap")
     return problems
 
 
@@ -188,7 +195,7 @@ def check_resume(rehearsal: Rehearsal, out_dir: Path) -> list[str]:
         if not target.exists():
             shutil.copytree(source, target)
     sweep_file = root / f"{rehearsal.name}.yaml"
-    sweep_file.write_text(yaml.safe_dump({**rehearsal.sweep, "results_dir": str(root)}, sort_keys=False))
+    write_text_atomic(sweep_file, yaml.safe_dump({**rehearsal.sweep, "results_dir": str(root)}, sort_keys=False))
     log = root / f"{rehearsal.name}_{label}_seed{seed}.log"
     command = train_command(preset, f"train --sweep {sweep_file} --method {label} --seed {seed}", mine.warmstart_dir,
                             log=str(log))

@@ -36,7 +36,7 @@ import yaml
 from harness.config.loading import resolve
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import PresetConfig
-from harness.data.files import sha256_file
+from harness.data.files import sha256_file, write_text_atomic
 from harness.data.prompts import render_prompt
 
 PROCESSES = 2  # training processes of every rehearsal train job (accelerate launch, gloo)
@@ -166,8 +166,8 @@ def teach_answer_format(model, tokenizer, template: str, rows: list[dict], steps
 def write_rows(rows: list[dict], path: Path) -> Path:
     """The rehearsal's training rows as a JSONL with the SHA256SUMS beside it that jsonl data needs."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path.parent / "SHA256SUMS").write_text(f"{sha256_file(path)}  {path.name}\n")
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(path.parent / "SHA256SUMS", f"{sha256_file(path)}  {path.name}\n")
     return path
 
 
@@ -309,7 +309,7 @@ def prepare(sweep_file: Path, out_dir: Path, mode: str = "cpu") -> Rehearsal:
     context = _longest_prompt(model_dir, paper.preset.prompt_template, rows) + COMPLETION_TOKENS
     rehearsal = rehearsal_sweep(sweep_file, out_dir, model_dir, data_file, context, mode)
     resolve(rehearsal.sweep)  # the rehearsal must pass the same checks as the paper sweep
-    (out_dir / f"{rehearsal.name}.yaml").write_text(yaml.safe_dump(rehearsal.sweep, sort_keys=False))
+    write_text_atomic(out_dir / f"{rehearsal.name}.yaml", yaml.safe_dump(rehearsal.sweep, sort_keys=False))
     return rehearsal
 
 

@@ -11,10 +11,10 @@ and the DAG they give); ``harness plan`` prints the cost of a sweep from them.
 - ``train_retries(preset)``: rule train's ``retries:``, so that its time limit x (retries + 1) covers the training
   time ``harness plan`` budgets (a resubmitted job resumes from its last trainer checkpoint).
 - ``train_command(preset, ...)``: ``harness train`` directly (``train.launcher=python``: one process, CPU or one
-  GPU), or through ``accelerate launch`` with the shipped config of ``train.distributed``
-  (configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml) and one process per GPU; with ``train.vllm_mode=server``
-  wrapped in scripts/train-with-vllm-server.sh, which starts TRL's vLLM server on the job's last
-  ``train.vllm_tensor_parallel_size`` GPUs and trains on the others.
+  GPU), or through ``accelerate launch`` (on loopback: harness/ops/loopback_launch.py) with the shipped config of
+  ``train.distributed`` (configs/accelerate/<ddp|deepspeed_zero3|fsdp>.yaml) and one process per GPU; with
+  ``train.vllm_mode=server`` wrapped in scripts/train-with-vllm-server.sh, which starts TRL's vLLM server on the
+  job's last ``train.vllm_tensor_parallel_size`` GPUs and trains on the others.
 - ``job_counts`` / ``plan``: how many jobs of each rule a sweep has and what they cost in GPU-hours; ``format_plan``
   adds the train rule's retries, the disk its checkpoints take (``checkpoint_disk``) and each GPU rule's peak memory
   per device (harness/config/memory.py).
@@ -35,6 +35,7 @@ from harness.config.schema import JobResources, PresetConfig, Resolved
 
 ACCELERATE_DIR = REPO_ROOT / "configs" / "accelerate"
 VLLM_SERVER_SCRIPT = REPO_ROOT / "scripts" / "train-with-vllm-server.sh"
+LOOPBACK_LAUNCH = "python -m harness.ops.loopback_launch"  # accelerate launch on 127.0.0.1
 RULE_RESOURCES = {"data": "data", "warmstart": "warmstart", "fetch": "warmstart", "train": "train", "eval": "eval",
                   "eval_warmstart": "eval", "report": "report"}  # rule -> section of ``resources`` it takes
 # (eval_warmstart: the warm start's evaluation when eval.job_scope=run; with job_scope=checkpoint the eval rule
@@ -131,11 +132,12 @@ def train_command(preset: PresetConfig, harness_args: str, model_dir: Path | str
     if train.launcher == "python":
         command = f"harness {harness_args}"
     else:
+        # accelerate launch with its rendezvous on 127.0.0.1 and a port the kernel assigns and the launcher holds
+        # (several train jobs may share a node): harness/ops/loopback_launch.py
         command = " ".join([
-            "accelerate launch", "--config_file", shlex.quote(str(accelerate_config(train.distributed))),
+            LOOPBACK_LAUNCH, "--config_file", shlex.quote(str(accelerate_config(train.distributed))),
             *deepspeed_config_arguments(train.distributed),
             "--num_processes", str(training_processes(preset)), "--num_machines 1",
-            "--main_process_port 0",  # a free port: several train jobs may share a node
             "--mixed_precision", mixed_precision(preset.model.dtype), "-m harness.cli", harness_args])
     server = vllm_server_gpus(train)
     if server:

@@ -19,7 +19,7 @@ from harness.config.loading import merge_config
 from harness.config.paths import SweepPaths
 from harness.config.schema import MethodSpec, PresetConfig, Resolved, SweepConfig
 from harness.config.snapshot import method_spec
-from harness.data.files import sha256_file
+from harness.data.files import sha256_file, write_text_atomic
 
 # logged numbers that measure time, not what was computed: never compared
 TIMING_KEYS = ("seconds/", "time/", "step_time", "budget/accel_seconds_total")
@@ -58,7 +58,18 @@ def _machine(provenance: dict) -> str:
     hardware, kernels = provenance.get("hardware", {}), provenance.get("kernels", {})
     versions = provenance.get("versions", {})
     return (f"{hardware.get('cpu_model', hardware.get('processor', '?'))}, torch {versions.get('torch', '?')}, "
-            f"kernels {kernels.get('cpu_kernels', '?')} (torch dispatch {kernels.get('torch_cpu_capability', '?')})")
+            f"kernels {kernels.get('cpu_kernels', '?')} (torch dispatch {kernels.get('torch_cpu_capability', '?')}), "
+            f"{_lock(provenance)}")
+
+
+def _lock(provenance: dict) -> str:
+    """Which lock file the packages matched (harness/config/package_lock.py), in words."""
+    if "lock" not in provenance:
+        return "package lock not recorded"
+    if provenance["lock"]:
+        return f"packages of {provenance['lock']['file']} (sha256 {provenance['lock']['sha256'][:12]})"
+    closest = provenance.get("lock_closest")
+    return "packages of no lock" + (f" ({len(closest['differs'])} differ from {closest['file']})" if closest else "")
 
 
 def read_run(run: Path) -> tuple[dict, list[dict], Path]:
@@ -126,6 +137,7 @@ def compare_steps(recorded: list[dict], replayed: list[dict], recorded_metrics: 
 def verify_run(run: Path, out: Path, steps: int) -> Verdict:
     """Replay the first ``steps`` steps of the run recorded in ``run`` under ``out`` and compare them."""
     from harness.config.kernels import kernels_in_effect
+    from harness.config.package_lock import lock_provenance
     from harness.config.provenance import hardware, package_versions
     from harness.data.prepare import prepare_data
     from harness.model.warmstart import warmstart
@@ -137,7 +149,7 @@ def verify_run(run: Path, out: Path, steps: int) -> Verdict:
         raise ValueError(f"--steps {steps}: {run_file} records digests of its first {len(recorded_steps)} steps")
     resolved, spec = recorded_sweep(record, str(run_file), out)
     paths = SweepPaths(resolved.results_dir)
-    here = {"hardware": hardware(), "versions": package_versions(),
+    here = {"hardware": hardware(), "versions": package_versions(), **lock_provenance(),
             "kernels": kernels_in_effect(resolved.preset.cpu_kernels)}
     verdict = Verdict(identical=False, steps=steps, recorded_on=record["provenance"], replayed_on=here)
     prepare_data(resolved, paths)
@@ -159,7 +171,7 @@ def verify_run(run: Path, out: Path, steps: int) -> Verdict:
     trainer.train()
     replayed_metrics = [json.loads(line) for line in (replay_dir / "metrics.jsonl").read_text().splitlines()]
     replayed = trainer.accounting.digests.first_steps
-    (replay_dir / "verify.json").write_text(json.dumps({"first_steps": replayed}, indent=1))
+    write_text_atomic(replay_dir / "verify.json", json.dumps({"first_steps": replayed}, indent=1))
     divergence = compare_steps(recorded_steps[:steps], replayed, metrics, replayed_metrics)
     if divergence is None:
         verdict.identical = True

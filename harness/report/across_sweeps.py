@@ -38,6 +38,7 @@ from harness.config.loading import merge_config, resolve  # noqa: E402
 from harness.config.paths import CONFIG_DIR, WARMSTART_LABEL, SweepPaths, checkpoint_name, staging_file  # noqa: E402
 from harness.config.schema import ConfigError, PresetConfig, Resolved, SweepConfig  # noqa: E402
 from harness.data.files import read_json, write_json_atomic, write_text_atomic  # noqa: E402
+from harness.data.score_names import AVG_AT_K, GREEDY, avg_at
 from harness.report import plots  # noqa: E402
 from harness.report.evidence import WARMSTART_CKPT, find_failures  # noqa: E402
 from harness.report.fidelity import Fidelity, load_fidelity  # noqa: E402
@@ -86,7 +87,7 @@ class SweepResult:
     @property
     def sampled_metric(self) -> str:
         """The summary rows' name of the sampled accuracy (the claims' ``avg@k``): ``avg@<k>``."""
-        return f"avg@{self.leaderboard['config']['preset']['eval']['k']}"
+        return avg_at(self.leaderboard['config']['preset']['eval']['k'])
 
     @property
     def final_ckpt(self) -> str | None:
@@ -263,7 +264,7 @@ class ForestRow:
 
 def claim_key(result: SweepResult, claim: dict) -> tuple[str, str, str, str]:
     """(method, baseline, summary metric, summary benchmark) of a claim record: its comparison's summary row."""
-    metric = result.sampled_metric if claim["metric"] == "avg@k" else "greedy"
+    metric = result.sampled_metric if claim["metric"] == AVG_AT_K else GREEDY
     return claim["method"], claim["baseline"], metric, SUMMARY_MEAN if claim["benchmark"] == MEAN else claim[
         "benchmark"]
 

@@ -17,6 +17,7 @@ import numpy as np
 from harness.config.paths import WARMSTART_LABEL, SweepPaths, checkpoint_name
 from harness.config.schema import Resolved
 from harness.data.files import read_json, read_jsonl
+from harness.data.score_names import AVG_AT_K, GREEDY, GREEDY_ACCURACY, MAJ_AT_K, PASS_AT_K, avg_at, maj_at, pass_at
 from harness.report.calibration import Calibration
 from harness.report.scores import per_problem_scores, score_matrix
 
@@ -50,7 +51,7 @@ class Evidence:
 
     @property
     def avg_metric(self) -> str:
-        return f"avg@{self.k}"
+        return avg_at(self.k)
 
     @property
     def final_ckpt(self) -> str:
@@ -176,10 +177,10 @@ def _score_matrices(per_problem: dict, groups: list[tuple[str, list[int], list[s
         for ckpt in ckpt_names:
             for bench in benches:
                 cells = [per_problem[(label, seed, ckpt, bench)] for seed in seeds]
-                scores[(label, ckpt, bench, f"avg@{k}")] = score_matrix([c["sampled"] for c in cells],
+                scores[(label, ckpt, bench, avg_at(k))] = score_matrix([c["sampled"] for c in cells],
                                                                         problem_ids[bench])
                 if all(set(problem_ids[bench]) <= set(c["greedy"]) for c in cells):
-                    scores[(label, ckpt, bench, "greedy")] = score_matrix([c["greedy"] for c in cells],
+                    scores[(label, ckpt, bench, GREEDY)] = score_matrix([c["greedy"] for c in cells],
                                                                           problem_ids[bench])
     return scores
 
@@ -241,9 +242,9 @@ def _run_row(evidence: Evidence, label: str, seed: int, ckpt: str, bench: str, p
     sampled, greedy = per_problem["sampled"], per_problem["greedy"]
     row = {"method": label, "seed": seed, "ckpt": ckpt, "bench": bench, "n_problems": len(sampled), "k": k,
            "temperature": results["temperature"],
-           "avg@k": float(np.mean(list(sampled.values()))) if sampled else None,
-           "greedy_accuracy": float(np.mean(list(greedy.values()))) if greedy else None,
-           "pass@k": metrics.get(f"pass@{k}"), "maj@k": metrics.get(f"maj@{k}"),
+           AVG_AT_K: float(np.mean(list(sampled.values()))) if sampled else None,
+           GREEDY_ACCURACY: float(np.mean(list(greedy.values()))) if greedy else None,
+           PASS_AT_K: metrics.get(pass_at(k)), MAJ_AT_K: metrics.get(maj_at(k)),
            "mean_response_tokens": metrics.get("mean_response_tokens"),
            "format_ok_rate": metrics.get("format_ok_rate"), "ungradable": metrics.get("ungradable")}
     row.update({f"spent/{key}": value for key, value in spent_at(evidence, label, seed, ckpt).items()})

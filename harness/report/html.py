@@ -31,14 +31,23 @@ from harness.report.markdown import (
     claims_note,
     code_warnings,
     outlier_lines,
+    overlap_note,
+    overlap_table,
     protocol_note,
     reported_lines,
 )
 from harness.report.reported import Reported
-from harness.report.summary import baseline_level, claim_verdicts, detectability, training_reached
+from harness.report.summary import (
+    baseline_level,
+    claim_verdicts,
+    detectability,
+    training_reached,
+    without_stand_ins,
+)
 from harness.report.tables import (
     FLOOR_LEGEND,
     FLOOR_MARK,
+    STAND_IN_NOTE,
     bench_table,
     bottom_line,
     claims_table,
@@ -46,6 +55,7 @@ from harness.report.tables import (
     overview_table,
     runs_table,
     select,
+    stand_in_table,
     with_ci,
 )
 
@@ -327,6 +337,10 @@ def reported_section(reported: Reported | None, evidence: Evidence, summary: lis
         parts.append("<p class='note'>Protocol differences to ours:</p><ul>")
         parts += [f"<li>{esc(d)}</li>" for d in reported.differences]
         parts.append("</ul>")
+    if reported.stand_ins:
+        parts.append("<p class='note'>Stand-in benchmarks (a claim's mean is also shown without them):</p><ul>")
+        parts += [f"<li>{esc(bench)}: {esc(text)}</li>" for bench, text in reported.stand_ins.items()]
+        parts.append("</ul>")
     final = evidence.final_ckpt
     body = []
     for label, per_bench in reported.numbers.items():
@@ -342,8 +356,9 @@ def reported_section(reported: Reported | None, evidence: Evidence, summary: lis
 
 
 SECTIONS = [("bottom-line", "Bottom line"), ("leaderboard", "Leaderboard"), ("claims", "Claims"),
-            ("benchmarks", "Per benchmark"), ("figures", "Figures"), ("tokens", "Token highlights"),
-            ("reported", "Reported numbers"), ("definitions", "How to read"), ("provenance", "Provenance")]
+            ("benchmarks", "Per benchmark"), ("decontamination", "Data overlap"), ("figures", "Figures"),
+            ("tokens", "Token highlights"), ("reported", "Reported numbers"), ("definitions", "How to read"),
+            ("provenance", "Provenance")]
 TEMPLATES = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=True, trim_blocks=True,
                         lstrip_blocks=True, undefined=StrictUndefined)
 FOREST = "difference_to_baseline"  # the page's first figure: every label's Δ against the baseline with its interval
@@ -370,6 +385,11 @@ def claims_section(evidence: Evidence, summary: list[dict], reported: Reported |
     if judged:
         levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
         parts.append(table(*claims_table(judged, training_reached(evidence), reported, levels), "verdict (Holm)"))
+        header, body = stand_in_table(judged, [without_stand_ins(v, evidence, reported) for v in judged])
+        if body:
+            parts += ["<h3>The claims' means without stand-in benchmarks</h3>",
+                      f"<p class='note'>{esc(STAND_IN_NOTE.format(file=reported.path.name).replace('`', ''))}</p>",
+                      table(header, body, None)]
     rows = detectability(evidence)
     if rows:
         parts += ["<h3>Detectable effects (paired, 80% power)</h3>", table(*detectability_table(rows), None)]
@@ -399,13 +419,20 @@ def fidelity_section(fidelity: Fidelity) -> list[str]:
             table(FIDELITY_HEADER, body, None)]
 
 
+def overlap_section(report: dict | None) -> list[str]:
+    """The training rows' 8-gram overlap with each benchmark (the data job's decontamination report)."""
+    parts = ["<h2 id='decontamination'>Training data overlap with the benchmarks</h2>",
+             f"<p class='note'>{esc(overlap_note(report).replace('`', ''))}</p>"]
+    return parts + ([table(*overlap_table(report, quote=""))] if report is not None else [])
+
+
 def _figure(path: Path, name: str) -> dict:
     return {"image": Markup(image(path, name)), "caption": FIGURE_CAPTIONS.get(name, name)}
 
 
 def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
            figures: dict[str, Path], batch_file: Path | None, inspected: dict[str, dict | str],
-           n_resamples: int, fidelity: Fidelity | None = None) -> str:
+           n_resamples: int, fidelity: Fidelity | None = None, decontamination: dict | None = None) -> str:
     """The whole page from templates/report.html.j2: the bottom line and the forest plot first, then the protocol
     fidelity (a paper sweep), the tables, figures, token highlights (``inspected`` maps each label to its ``harness
     inspect`` output on ``batch_file``, or an error message), reported numbers, definitions and provenance."""
@@ -417,11 +444,12 @@ def render(evidence: Evidence, resolved: Resolved, summary: list[dict], reported
     page = TEMPLATES.get_template("report.html.j2").render(
         title=f"Leaderboard: sweep {resolved.sweep.name} (preset {resolved.preset.name})", css=CSS,
         sections=SECTIONS, bottom_intro=bottom_line_intro(evidence, reported),
-        bottom_line=bottom_line(judged, levels, len(evidence.seeds)),
+        bottom_line=bottom_line(judged, levels, len(evidence.seeds),
+                                [without_stand_ins(v, evidence, reported) for v in judged]),
         forest=_figure(figures[FOREST], FOREST) if FOREST in figures else None,
         fidelity=Markup("".join(fidelity_section(fidelity))) if fidelity else "",
         floor_legend=FLOOR_LEGEND if any(FLOOR_MARK in part for part in [*tables, ours_beside_paper]) else "",
-        tables=Markup("\n".join(_warnings(evidence, summary) + tables)),
+        tables=Markup("\n".join(_warnings(evidence, summary) + tables + overlap_section(decontamination))),
         figures=[_figure(path, name) for name, path in figures.items() if name != FOREST],
         highlights=Markup(highlights_section(batch_file, inspected)), reported=Markup(ours_beside_paper),
         notes=Markup(f"<p class='note'>{esc(protocol)}</p>"), provenance=Markup(provenance_section(evidence)),

@@ -4,7 +4,8 @@ Outputs under ``results/<sweep>/``:
   * ``leaderboard.md``: renders on GitHub (``harness.report.markdown``);
   * ``leaderboard.csv``: tidy, one row per (checkpoint, method, benchmark or ``all``, metric, statistic);
   * ``leaderboard_runs.csv``: one row per run x checkpoint x benchmark, naming the ``results.json`` it came from;
-  * ``leaderboard.json``: the resolved config, both tables and the statistics settings;
+  * ``leaderboard.json``: the resolved config, both tables, the statistics settings and the data job's training data
+    overlap report (data/decontamination.json; null: not measured);
   * ``report.html``: self-contained (inline CSS, figures as data URIs, no script): the tables, figures, token
     highlights on fixed rollouts, reported numbers and provenance (``harness.report.html``);
   * ``figures/*.png``: the figures of the report (``harness.report.plots``).
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from harness.config.paths import CONFIG_DIR, SweepPaths
 from harness.config.schema import Resolved
+from harness.data.decontamination import read_report
 from harness.data.files import write_json_atomic, write_text_atomic
 from harness.report import html, plots
 from harness.report.bootstrap import N_RESAMPLES
@@ -36,9 +38,11 @@ from harness.report.summary import (
     BOOTSTRAP_SEED,
     SUMMARY_COLUMNS,
     BaselineLevel,
+    StandInMean,
     baseline_level,
     claim_verdicts,
     summarize,
+    without_stand_ins,
 )
 from harness.report.training_noise import VARIANCE_BASES
 from harness.report.verdicts import Verdict
@@ -73,10 +77,11 @@ def inspect_sample_batch(evidence: Evidence, paths: SweepPaths) -> tuple[Path | 
     return batch_file, outputs
 
 
-def verdict_record(v: Verdict, level: BaselineLevel | None = None) -> dict:
+def verdict_record(v: Verdict, level: BaselineLevel | None = None, stand_ins: StandInMean | None = None) -> dict:
     """One judged claim for leaderboard.json: the claim (points), the verdicts and the interval (fractions), the
     baseline's gain over the warm start and the seeds that would settle it; ``level``: the paper's baseline (points)
-    beside ours (fractions)."""
+    beside ours (fractions); ``stand_ins``: the claim's mean without its stand-in benchmarks, the paper's (points)
+    and ours (fractions), or null (``summary.without_stand_ins``)."""
     iv = v.interval
     numbers = {"diff": None if iv is None else iv.estimate, "diff_ci_low": None if iv is None else iv.low,
                "diff_ci_high": None if iv is None else iv.high,
@@ -91,7 +96,23 @@ def verdict_record(v: Verdict, level: BaselineLevel | None = None) -> dict:
             "paper_baseline": None if level is None else level.paper,
             "our_baseline": None if level is None or level.ours is None else {
                 k: level.ours[k] for k in ("estimate", "ci_low", "ci_high")},
-            "baseline_mismatch": None if level is None else level.mismatch}
+            "baseline_mismatch": None if level is None else level.mismatch,
+            "without_stand_ins": None if stand_ins is None else stand_in_record(stand_ins)}
+
+
+def stand_in_record(m: StandInMean) -> dict:
+    """``summary.StandInMean`` for leaderboard.json: the paper's means and difference in points (null: a number is
+    missing), ours as Δ with its interval in fractions (null: not evaluated)."""
+    def paper(means):
+        return None if means is None else {"method": means[0], "baseline": means[1], "diff": means[0] - means[1]}
+
+    def ours(iv):
+        return None if iv is None else {key: None if math.isnan(value) else value for key, value in
+                                        (("diff", iv.estimate), ("diff_ci_low", iv.low), ("diff_ci_high", iv.high))}
+
+    return {"stand_ins": list(m.dropped), "benchmarks_without": list(m.kept), "notes": list(m.notes),
+            "paper_with": paper(m.paper_with), "paper_without": paper(m.paper_without),
+            "ours_with": ours(m.ours_with), "ours_without": ours(m.ours_without)}
 
 
 def with_calibration(evidence: Evidence, path: Path) -> Evidence:
@@ -113,12 +134,14 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
     summary = summarize(evidence, reported, n_resamples)
     fidelity_file = fidelity_file or CONFIG_DIR / "fidelity" / f"{resolved.sweep.name}.yaml"
     fidelity = load_fidelity(fidelity_file, resolved) if fidelity_file.is_file() else None
+    decontamination = read_report(paths.data_dir)  # the data job's 8-gram overlap report; None: not measured
     root = paths.root
     judged = claim_verdicts(evidence, reported)
     figures = plots.write_figures(evidence, summary, root / "figures", [v.claim for v in judged])
     written = [
         write_text_atomic(root / "leaderboard.md",
-                          markdown(evidence, resolved, summary, reported, figures, root, n_resamples, fidelity)),
+                          markdown(evidence, resolved, summary, reported, figures, root, n_resamples, fidelity,
+                                   decontamination)),
         write_csv(summary, root / "leaderboard.csv", SUMMARY_COLUMNS),
         write_csv(evidence.run_rows, root / "leaderboard_runs.csv"),
         write_json_atomic(root / "leaderboard.json", {
@@ -131,11 +154,12 @@ def write_leaderboard(resolved: Resolved, paths: SweepPaths, reported_file: Path
                 "calibration": None if evidence.calibration is None else str(evidence.calibration.path.name),
                 "n_resamples": n_resamples, "bootstrap_seed": BOOTSTRAP_SEED},
             "summary": summary,
-            "claims": [verdict_record(v, baseline_level(v.claim, evidence, summary, reported)) for v in judged],
-            "runs": evidence.run_rows}),
+            "claims": [verdict_record(v, baseline_level(v.claim, evidence, summary, reported),
+                                      without_stand_ins(v, evidence, reported)) for v in judged],
+            "runs": evidence.run_rows, "decontamination": decontamination}),
     ]
     batch_file, inspected = inspect_sample_batch(evidence, paths)
     page = html.render(evidence, resolved, summary, reported, figures, batch_file, inspected, n_resamples,
-                       fidelity)
+                       fidelity, decontamination)
     written.append(write_text_atomic(root / "report.html", page))
     return written + list(figures.values())

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness.config.paths import REPO_ROOT
 from harness.config.schema import Resolved
+from harness.data.decontamination import LIMIT_KEY, REASON_KEY, REPORT_FILE
 from harness.report.calibration import GUARD_LEVEL
 from harness.report.evidence import Evidence
 from harness.report.fidelity import Fidelity
@@ -28,10 +29,12 @@ from harness.report.summary import (
     outlying,
     training_reached,
     without_outlying,
+    without_stand_ins,
 )
 from harness.report.tables import (
     FLOOR_LEGEND,
     FLOOR_MARK,
+    STAND_IN_NOTE,
     bench_table,
     bottom_line,
     claims_table,
@@ -40,6 +43,7 @@ from harness.report.tables import (
     pct,
     runs_table,
     select,
+    stand_in_table,
 )
 from harness.report.training_noise import CALIBRATED, MODERATED, POOLED
 from harness.report.verdicts import DEFAULT_CLAIM_POINTS, PARITY_MARGIN_POINTS, Verdict
@@ -312,6 +316,9 @@ def reported_lines(reported: Reported, evidence: Evidence) -> list[str]:
              f"{reported.protocol or 'not given'} (`{reported.path.name}`)."]
     if reported.differences:
         lines += ["", "Protocol differences to ours:"] + [f"- {d}" for d in reported.differences]
+    if reported.stand_ins:
+        lines += ["", "Stand-in benchmarks (a claim's mean is also shown without them):"] + [
+            f"- {bench}: {text}" for bench, text in reported.stand_ins.items()]
     unknown = [f"{lab}/{b}" for lab, per in reported.numbers.items() for b in per
                if lab not in evidence.labels or b not in evidence.benches]
     if unknown:
@@ -351,7 +358,8 @@ def bottom_line_lines(evidence: Evidence, summary: list[dict], reported: Reporte
         return []
     levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
     return ["## Bottom line", "", bottom_line_intro(evidence, reported), "",
-            *[f"- {line}" for line in bottom_line(judged, levels, len(evidence.seeds))], ""]
+            *[f"- {line}" for line in bottom_line(judged, levels, len(evidence.seeds),
+                                                  [without_stand_ins(v, evidence, reported) for v in judged])], ""]
 
 
 def bottom_line_intro(evidence: Evidence, reported: Reported | None) -> str:
@@ -369,6 +377,10 @@ def claims_lines(evidence: Evidence, summary: list[dict], reported: Reported | N
     if judged:
         levels = [baseline_level(v.claim, evidence, summary, reported) for v in judged]
         parts += [markdown_table(*claims_table(judged, training_reached(evidence), reported, levels)), ""]
+        header, body = stand_in_table(judged, [without_stand_ins(v, evidence, reported) for v in judged])
+        if body:
+            parts += ["### The claims' means without stand-in benchmarks", "",
+                      STAND_IN_NOTE.format(file=reported.path.name), "", markdown_table(header, body), ""]
     rows = detectability(evidence)
     if rows:
         parts += ["### Detectable effects (paired, 80% power)", "",
@@ -410,6 +422,45 @@ def _checkpoint_sections(evidence: Evidence, summary: list[dict]) -> list[str]:
 
 
 FIDELITY_HEADER = ["element", "paper", "ours", "status", "note"]
+OVERLAP_HEADER = ["benchmark", "problems (under 8 words)", "training rows flagged", "share of training rows",
+                  "problems hit", "near-duplicates", "most shared 8-gram (rows)", "example rows"]
+
+
+def overlap_note(report: dict | None) -> str:
+    """What the training data overlap table measured, and the limit the data job held it to."""
+    if report is None:
+        return (f"Not measured: this sweep has no `data/{REPORT_FILE}` (its data job predates the decontamination "
+                "report), so no overlap of its training rows with the benchmarks is known.")
+    limit = report["limit"]
+    reason = limit[REASON_KEY].strip()
+    return (f"`data/{REPORT_FILE}`: the {report['train_rows']} training rows, from {report['train']['source']}, "
+            f"against the problems of each benchmark, by {report['method']}. A row is flagged when it shares an "
+            f"{report['ngram']}-gram with a problem or holds a shorter problem whole; a problem is hit when some row "
+            f"flags it, and has a near-duplicate when one row holds at least {report['near_duplicate_share']:.0%} of "
+            f"its {report['ngram']}-grams (a shorter problem: the whole of it). Limit (`{LIMIT_KEY}`): "
+            f"{limit[LIMIT_KEY]:.2%} of the training rows per benchmark"
+            + (f"; the preset's reason: {reason}" if reason else "") + ".")
+
+
+def overlap_table(report: dict, quote: str = "`") -> tuple[list[str], list[list[str]]]:
+    """One row per benchmark of the data job's decontamination report; ``quote`` marks an 8-gram as code."""
+    body = []
+    for name, bench in report["benchmarks"].items():
+        gram = bench["shared_ngrams"][0] if bench["shared_ngrams"] else None
+        body.append([name, f"{bench['problems']} ({bench['short_problems']})",
+                     f"{bench['rows_flagged']} of {report['train_rows']}", f"{bench['fraction']:.2%}",
+                     str(bench["problems_hit"]), str(bench["near_duplicates"]),
+                     f"{quote}{gram[0]}{quote} ({gram[1]})" if gram else "-",
+                     ", ".join(bench["example_rows"][:3]) or "-"])
+    body += [[name, f"not measured: {bench['file']}: {bench['reason']}", *["-"] * (len(OVERLAP_HEADER) - 2)]
+             for name, bench in report.get("unmeasured", {}).items()]
+    return OVERLAP_HEADER, body
+
+
+def overlap_lines(report: dict | None) -> list[str]:
+    """The training data overlap section of leaderboard.md."""
+    parts = ["## Training data overlap with the benchmarks", "", overlap_note(report), ""]
+    return parts + ([markdown_table(*overlap_table(report)), ""] if report is not None else [])
 
 
 def fidelity_lines(fidelity: Fidelity) -> list[str]:
@@ -420,8 +471,10 @@ def fidelity_lines(fidelity: Fidelity) -> list[str]:
 
 
 def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], reported: Reported | None,
-             figures: dict[str, Path], root: Path, n_resamples: int, fidelity: Fidelity | None = None) -> str:
-    """The text of leaderboard.md; figure links are relative to ``root``, the folder it is written to."""
+             figures: dict[str, Path], root: Path, n_resamples: int, fidelity: Fidelity | None = None,
+             decontamination: dict | None = None) -> str:
+    """The text of leaderboard.md; figure links are relative to ``root``, the folder it is written to;
+    ``decontamination``: the data job's overlap report (None: not measured)."""
     final = evidence.final_ckpt
     parts = [f"# Leaderboard: sweep `{resolved.sweep.name}` (preset `{resolved.preset.name}`)", ""]
     parts += bottom_line_lines(evidence, summary, reported)
@@ -432,7 +485,7 @@ def markdown(evidence: Evidence, resolved: Resolved, summary: list[dict], report
         tables += [f"### {bench}", "", markdown_table(*bench_table(evidence, summary, final, bench, reported)), ""]
     if any(FLOOR_MARK in part for part in tables):  # the legend only where a table marks an interval
         parts += [FLOOR_LEGEND, ""]
-    parts += tables
+    parts += tables + overlap_lines(decontamination)
     parts += ["## How to read these numbers", "", protocol_note(evidence, resolved, n_resamples), "",
               f"Definitions and the statistics behind them: {STATISTICS_DOC}.", ""]
     if reported:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.config.paths import CONFIG_DIR, REPO_ROOT, resolve_repo_path
 from harness.config.schema import ConfigError, PresetConfig, Resolved
+from harness.data.score_names import GREEDY, avg_at
 from harness.ops.resources import released_checkpoints
 from harness.report import power
 from harness.report.calibration import Calibration, calibration_file, load_calibration
@@ -293,7 +294,7 @@ def headline_lines(sizing: Sizing, noise: Noise) -> list[str]:
     scope, n = list(sizing.n_problems), sizing.n_seeds
     comp = sizing.components(DEFAULT_BASELINE, scope, sizing.k, sizing.prior.interaction_sd, noise)
     more = ", ".join(f"{s} seeds {100 * power.detectable_effect(comp, s):.1f}" for s in SEED_COUNTS if s > n)
-    lines = [f"  detectable on the mean (avg@{sizing.k}, a method - {DEFAULT_BASELINE}, {power.POWER:.0%} power): "
+    lines = [f"  detectable on the mean ({avg_at(sizing.k)}, a method - {DEFAULT_BASELINE}, {power.POWER:.0%} power): "
              f"{detectable_text(comp, n, power.POWER)}" + (f"; {more}" if more else "")]
     return lines + ([sensitivity_line(sizing, noise)] if n >= 2 else [])
 
@@ -324,13 +325,13 @@ def claim_components(sizing: Sizing, claim: Claim) -> power.VarianceComponents |
     missing = [label for label in (claim.method, claim.baseline) if label not in sizing.labels]
     if missing or not set(scope) <= set(sizing.n_problems):
         return f"{', '.join(missing) or claim.benchmark} not trained or scored in this sweep"
-    if claim.metric == "greedy" and not sizing.resolved.preset.eval.greedy:
+    if claim.metric == GREEDY and not sizing.resolved.preset.eval.greedy:
         return "the preset scores no greedy answer (eval.greedy)"
     noise = scope_noise(scope, sizing.n_problems, sizing.prior, sizing.calibration)
     if noise is None:
         return "the prior gives the training noise of the mean over benchmarks only"
     interaction = 0.0 if sizing.same_method(claim.method, claim.baseline) else sizing.prior.interaction_sd
-    return sizing.components(claim.baseline, scope, 1 if claim.metric == "greedy" else sizing.k, interaction, noise)
+    return sizing.components(claim.baseline, scope, 1 if claim.metric == GREEDY else sizing.k, interaction, noise)
 
 
 def plan_power_lines(resolved: Resolved) -> tuple[list[str], list[str]]:

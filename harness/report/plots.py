@@ -20,6 +20,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from harness.config.paths import WARMSTART_LABEL, staging_file  # noqa: E402
+from harness.data.score_names import AVG_AT_K
 from harness.report.verdicts import MEAN  # noqa: E402
 
 DPI = 110
@@ -167,7 +168,7 @@ def claimed_differences(claims, baseline: str | None) -> dict[tuple[str, str], f
     """(label, benchmark or 'all') -> the claimed difference (points) of each improvement claim on the sampled
     metric against the sweep's baseline (``verdicts.Claim``), for the forest plot."""
     return {(c.method, "all" if c.benchmark == MEAN else c.benchmark): c.difference for c in claims
-            if c.kind == "improvement" and c.metric == "avg@k" and c.baseline == baseline}
+            if c.kind == "improvement" and c.metric == AVG_AT_K and c.baseline == baseline}
 
 
 def write_figures(evidence, summary: list[dict], out_dir: Path, claims=()) -> dict[str, Path]:

@@ -46,6 +46,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as scipy_stats
 
+from harness.data.score_names import avg_at
 from harness.report.outliers import COLLAPSE_ADVICE, OUTLIER_K, outlying_runs, scores_table
 from harness.report.scores import CONFIDENCE, CrossedVariance, per_problem_scores, score_matrix
 from harness.report.training_noise import TrainingNoise, pooled_training_noise
@@ -299,7 +300,7 @@ def read_pilot(root: Path) -> Pilot:
         for bench in benches:
             folders = [root / "eval" / label / f"seed{s}" / ckpt / bench for s in seeds]
             results = [json.loads((f / "results.json").read_text(encoding="utf-8")) for f in folders]
-            seed_means[(label, bench)] = np.array([r["metrics"][f"avg@{r['k']}"] for r in results])
+            seed_means[(label, bench)] = np.array([r["metrics"][avg_at(r["k"])] for r in results])
             n_problems[bench] = int(results[0]["n_problems"])
             ks.update(r["k"] for r in results)
             if all((f / "samples.jsonl").is_file() for f in folders):

@@ -1,6 +1,8 @@
 """The papers' numbers: an optional ``configs/reported/<sweep name>.yaml`` (JSON is YAML too) holds what a paper
-reports, in percent, beside a protocol note, and the paper's claims that the report judges (``claims``, see
-``harness.report.verdicts``; format in ``configs/reported/README.md``)."""
+reports, in percent, beside a protocol note, the paper's claims that the report judges (``claims``, see
+``harness.report.verdicts``) and the benchmarks of ours that stand in for another of the paper's (``stand_ins``: the
+report shows a claim's mean over benchmarks also without them, ``summary.without_stand_ins``); format in
+``configs/reported/README.md``."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from harness.config.schema import ConfigError
 from harness.report.verdicts import Claim, parse_claims
 
-REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers", "claims", "training"}
+REPORTED_KEYS = {"source", "metric", "protocol", "differences", "numbers", "claims", "training", "stand_ins"}
 TRAINING_KEYS = {"steps", "rollouts", "tokens", "where"}
 
 
@@ -38,6 +40,8 @@ class Reported:
     numbers: dict[str, dict[str, float]]
     claims: list[Claim] = field(default_factory=list)
     training: PaperTraining | None = None
+    # benchmark -> what it stands in for (e.g. amc23 -> "paper: AMC, 83 problems; ours: AMC23, 40 problems")
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
     def get(self, label: str, bench: str) -> float | None:
         return self.numbers.get(label, {}).get(bench)
@@ -73,6 +77,20 @@ def _training(path: Path, raw) -> PaperTraining | None:
     return PaperTraining(raw.get("steps"), raw.get("rollouts"), raw.get("tokens"), raw["where"])
 
 
+def _stand_ins(path: Path, raw) -> dict[str, str]:
+    """``stand_ins``: a benchmark of the sweep -> what it stands in for, in words (non-empty)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'stand_ins' must map a benchmark to what it stands in for, e.g. "
+                          "{amc23: \"paper: AMC, 83 problems; ours: AMC23, 40 problems\"}")
+    for bench, text in raw.items():
+        if not isinstance(bench, str) or not bench.strip() or not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{path}: key 'stand_ins.{bench}': {text!r} is not a non-empty text saying what the "
+                              "benchmark stands in for (the paper's and ours)")
+    return {bench: text.strip() for bench, text in raw.items()}
+
+
 def load_reported(path: Path) -> Reported | None:
     """Read ``configs/reported/<sweep>.yaml`` if it exists; a malformed file raises naming the key."""
     import yaml
@@ -94,4 +112,4 @@ def load_reported(path: Path) -> Reported | None:
         raise ConfigError(f"{path}: key 'differences' must be a list of strings")
     return Reported(path, str(raw.get("source", "")), str(raw.get("metric", "")), str(raw.get("protocol", "")),
                     list(differences), numbers, parse_claims(path, raw.get("claims")),
-                    _training(path, raw.get("training")))
+                    _training(path, raw.get("training")), _stand_ins(path, raw.get("stand_ins")))

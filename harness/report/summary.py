@@ -8,11 +8,13 @@ so each cell can be traced to the generations behind it. One row of the tidy sum
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from harness.config.paths import WARMSTART_LABEL
+from harness.data.score_names import AVG_AT_K, GREEDY
 from harness.report import bootstrap, intervals, verdicts
 from harness.report.calibration import CalibrationCheck, sweep_noise, sweep_noise_checked
 from harness.report.evidence import WARMSTART_CKPT, Evidence, spent_at
@@ -66,8 +68,8 @@ def _summary_at(evidence: Evidence, ckpt: str, fraction: float, metric: str, mat
     for label in labels:
         common = {"ckpt": ckpt, "budget_fraction": fraction, "method": label,
                   "method_name": evidence.method_name(label), "metric": metric,
-                  "n_seeds": mats[label][benches[0]].shape[0], "k": 1 if metric == "greedy" else evidence.k,
-                  "temperature": 0.0 if metric == "greedy" else evidence.temperature,
+                  "n_seeds": mats[label][benches[0]].shape[0], "k": 1 if metric == GREEDY else evidence.k,
+                  "temperature": 0.0 if metric == GREEDY else evidence.temperature,
                   "baseline": baseline if baseline and label != baseline else None}
         spend = {f"spent/{key}": value for key, value in _mean_over_seeds(evidence, label, ckpt).items()}
         compared = baseline is not None and label != baseline
@@ -260,16 +262,80 @@ def baseline_level(claim: verdicts.Claim, evidence: Evidence, summary: list[dict
                    reported: Reported | None) -> BaselineLevel:
     """The paper's baseline (the unweighted mean of its numbers over the claim's benchmarks) beside ours."""
     scope = list(evidence.benches) if claim.benchmark == verdicts.MEAN else [claim.benchmark]
-    metric = evidence.avg_metric if claim.metric == "avg@k" else "greedy"
+    metric = evidence.avg_metric if claim.metric == AVG_AT_K else GREEDY
     bench = "all" if claim.benchmark == verdicts.MEAN else claim.benchmark
     rows = [r for r in summary if (r["ckpt"], r["method"], r["bench"], r["metric"], r["statistic"])
             == (evidence.final_ckpt, claim.baseline, bench, metric, "mean")]
-    if claim.metric == "greedy" and reported and "greedy" not in (reported.metric or "").lower():
+    if claim.metric == GREEDY and reported and "greedy" not in (reported.metric or "").lower():
         return BaselineLevel(None, rows[0] if rows else None, unlike=f"its numbers are {reported.metric or 'sampled'}")
     numbers = {b: reported.get(claim.baseline, b) for b in scope} if reported else {}
     missing = tuple(b for b in scope if numbers.get(b) is None)
     paper = None if missing or not numbers else float(np.mean(list(numbers.values())))
     return BaselineLevel(paper, rows[0] if rows else None, missing if reported else ())
+
+
+@dataclass(frozen=True)
+class StandInMean:
+    """A claim on the mean over benchmarks some of which stand in for another of the paper's (``stand_ins`` of the
+    reported file: AMC23's 40 problems for the 83-problem AMC of KTAE's and GMTS's evaluation): the claim's mean as
+    judged, with them, beside the mean over the claim's other benchmarks, the paper's numbers and ours over the same
+    benchmarks. A paper's gain on the mean may rest in part on the benchmark ours replaces (AMC23: one problem is 2.5
+    points); the mean without it shows how much."""
+
+    dropped: tuple[str, ...]  # the stand-in benchmarks of the claim's scope
+    kept: tuple[str, ...]  # the scope without them
+    notes: tuple[str, ...]  # what each dropped benchmark stands in for (``Reported.stand_ins``)
+    paper_with: tuple[float, float] | None  # (method, baseline): the paper's mean in percent over the whole scope
+    paper_without: tuple[float, float] | None  # the same over ``kept``; None: a number of the scope is missing
+    ours_with: intervals.Interval | None  # our Δ (method - baseline), fractions: the claim's interval
+    ours_without: intervals.Interval | None  # the same over ``kept``; None: not evaluated
+    missing: tuple[str, ...] = ()  # labels, or label/benchmark pairs, of the scope without a paper number
+
+    @property
+    def missing_without(self) -> tuple[str, ...]:
+        """``missing`` on the benchmarks of the mean without the stand-ins."""
+        return tuple(m for m in self.missing if "/" not in m or m.split("/", 1)[1] in self.kept)
+
+    @staticmethod
+    def paper_difference(means: tuple[float, float] | None) -> float | None:
+        return None if means is None else means[0] - means[1]
+
+
+def without_stand_ins(verdict: verdicts.Verdict, evidence: Evidence, reported: Reported | None) -> StandInMean | None:
+    """The claim's mean over benchmarks with and without its stand-in benchmarks (``StandInMean``), for a claim on the
+    mean whose scope holds a stand-in and another benchmark; None otherwise. Ours without them: the paired
+    difference over the benchmarks left, with the sweep's training noise pooled over that scope (and the
+    calibration where it covers it), as the claim's own interval is."""
+    claim = verdict.claim
+    if reported is None or not reported.stand_ins or claim.benchmark != verdicts.MEAN:
+        return None
+    scope = list(evidence.benches)
+    dropped = tuple(b for b in scope if b in reported.stand_ins)
+    kept = tuple(b for b in scope if b not in reported.stand_ins)
+    if not dropped or not kept:
+        return None
+    missing = []  # a label without any number of the scope once, else each label/benchmark without one
+    for label in (claim.method, claim.baseline):
+        absent = [b for b in scope if reported.get(label, b) is None]
+        missing += [label] if len(absent) == len(scope) else [f"{label}/{b}" for b in absent]
+
+    def paper(benches) -> tuple[float, float] | None:
+        values = [[reported.get(label, b) for b in benches] for label in (claim.method, claim.baseline)]
+        if any(v is None for row in values for v in row):
+            return None
+        method, baseline = (math.fsum(row) / len(row) for row in values)
+        return method, baseline
+
+    metric = evidence.avg_metric if claim.metric == AVG_AT_K else GREEDY
+    differences = verdicts.claim_differences(claim, evidence.scores, kept, evidence.final_ckpt, evidence.avg_metric)
+    ours_without = None
+    if differences is not None:
+        mats = _label_mats(evidence, evidence.final_ckpt, metric)
+        noise = sweep_noise({label: {b: per[b] for b in kept} for label, per in mats.items()},
+                            evidence.calibration if metric == evidence.avg_metric else None)
+        ours_without = intervals.difference_interval(differences, noise.get(tuple(sorted(kept))))
+    return StandInMean(dropped, kept, tuple(f"{b}: {reported.stand_ins[b]}" for b in dropped), paper(scope),
+                       paper(kept), verdict.interval, ours_without, tuple(missing))
 
 
 def training_reached(evidence: Evidence) -> dict[str, dict[str, float]]:

@@ -9,7 +9,7 @@ from harness.config.paths import WARMSTART_LABEL
 from harness.report.evidence import WARMSTART_CKPT, Evidence
 from harness.report.power import MAX_SEEDS, UPPER_LEVEL
 from harness.report.reported import Reported
-from harness.report.summary import BaselineLevel
+from harness.report.summary import BaselineLevel, StandInMean
 from harness.report.verdicts import ALPHA_ONE_SIDED, Verdict
 
 Table = tuple[list[str], list[list[str]]]  # (header, body rows)
@@ -212,6 +212,53 @@ def claims_table(judged: list[Verdict], reached: dict[str, dict[str, float]] | N
     return header, body
 
 
+def difference_cell(iv) -> str:
+    """A paired difference's interval (fractions) in points: ``+2.1 [0.4, 3.8]``, ``FLOOR_MARK`` when at the floor."""
+    if iv is None:
+        return "not evaluated"
+    return (f"{'+' if iv.estimate > 0 else ''}{pct(iv.estimate)} [{pct(iv.low)}, {pct(iv.high)}]"
+            f"{FLOOR_MARK if iv.rests_on_floor else ''}")
+
+
+def paper_means_cell(claim, means: tuple[float, float] | None, n_benches: int, missing: tuple[str, ...]) -> str:
+    """The paper's mean of a claim's method and baseline over ``n_benches`` benchmarks (percent) and their
+    difference: ``ktae 43.44 vs uniform 41.20: Δ +2.24 (5 benchmarks)``."""
+    if means is None:
+        return f"none for {', '.join(missing)}" if missing else "no paper numbers"
+    return (f"{claim.method} {means[0]:.2f} vs {claim.baseline} {means[1]:.2f}: Δ {means[0] - means[1]:+.2f} "
+            f"({n_benches} benchmark{'' if n_benches == 1 else 's'})")
+
+
+STAND_IN_NOTE = ("Stand-in benchmarks (`stand_ins` in `{file}`): a benchmark of ours that stands in for another one "
+                 "of the paper's is not what the paper measured, so the claim's mean over benchmarks, judged above "
+                 "with it, may rest on a part of the paper's gain that this benchmark does not test. Beside it, the "
+                 "same mean without the stand-ins: the paper's, from its reported numbers, and ours (Δ with its 95% "
+                 "interval), over the same benchmarks.")
+
+
+def stand_in_table(judged: list[Verdict], means: list[StandInMean | None]) -> Table:
+    """One row per claim on the mean whose benchmarks hold a stand-in (``summary.without_stand_ins``): the paper's
+    means and difference with and without the stand-ins, and ours."""
+    header = ["claim", "stand-in benchmark", "paper: with it", "paper: without it", "ours: Δ with it [95% CI]",
+              "ours: Δ without it [95% CI]"]
+    body = []
+    for v, m in zip(judged, means, strict=True):
+        if m is None:
+            continue
+        n_all = len(m.dropped) + len(m.kept)
+        body.append([v.claim.describe(), "; ".join(m.notes), paper_means_cell(v.claim, m.paper_with, n_all, m.missing),
+                     paper_means_cell(v.claim, m.paper_without, len(m.kept), m.missing_without),
+                     difference_cell(m.ours_with), difference_cell(m.ours_without)])
+    return header, body
+
+
+def stand_in_line(m: StandInMean) -> str:
+    """The bottom line's addition for a claim with stand-ins: Δ without them, ours and the paper's."""
+    paper = StandInMean.paper_difference(m.paper_without)
+    return (f"; without {', '.join(m.dropped)} (stand-in): Δ {difference_cell(m.ours_without)}"
+            + ("" if paper is None else f", paper {paper:+.2f}"))
+
+
 def detectability_table(rows: list[dict]) -> Table:
     """Per label and benchmark (or the mean): the paired difference's variance components and detectable effect."""
     header = ["method", "vs", "benchmark", "seeds x problems", "seed sd", f"seed sd, {UPPER_LEVEL:.0%} bound",
@@ -229,11 +276,14 @@ BOTTOM_LINE_CLAIMS = 8  # the section stays a screen: more claims are counted an
 SETTLED = ("reproduced", "contradicted")
 
 
-def bottom_line(judged: list[Verdict], levels: list[BaselineLevel], n_seeds: int) -> list[str]:
+def bottom_line(judged: list[Verdict], levels: list[BaselineLevel], n_seeds: int,
+                stand_ins: list[StandInMean | None] | None = None) -> list[str]:
     """One line per claim, at most ``BOTTOM_LINE_CLAIMS``: its headline verdict, Δ [95% CI], the effect this sweep
-    detects, the seeds per label that would settle an unsettled one, and a baseline far from the paper's."""
+    detects, the seeds per label that would settle an unsettled one, a baseline far from the paper's, and the mean
+    without stand-in benchmarks (``stand_ins``, one per claim: ``summary.without_stand_ins``)."""
     lines = []
-    for v, level in list(zip(judged, levels, strict=True))[:BOTTOM_LINE_CLAIMS]:
+    stand_ins = stand_ins or [None] * len(judged)
+    for i, (v, level) in enumerate(list(zip(judged, levels, strict=True))[:BOTTOM_LINE_CLAIMS]):
         claim, iv = v.claim, v.interval
         scope = "mean over benchmarks" if claim.benchmark == "mean" else claim.benchmark
         claimed = (f"claim {claim.difference:+.1f} pts" if claim.kind == "improvement"
@@ -249,6 +299,8 @@ def bottom_line(judged: list[Verdict], levels: list[BaselineLevel], n_seeds: int
                 line += settle_note(v, n_seeds)
         if level.mismatch:
             line += f"; paper's baseline {level.paper:.1f} lies outside ours ({with_ci(level.ours)})"
+        if stand_ins[i] is not None:
+            line += stand_in_line(stand_ins[i])
         lines.append(line)
     if len(judged) > BOTTOM_LINE_CLAIMS:
         lines.append(f"{len(judged) - BOTTOM_LINE_CLAIMS} more claim(s) in the claims table")

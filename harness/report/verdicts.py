@@ -59,13 +59,14 @@ from pathlib import Path
 import numpy as np
 
 from harness.config.schema import ConfigError
+from harness.data.score_names import AVG_AT_K, GREEDY
 from harness.report import power
 from harness.report.intervals import Interval, difference_interval, holm_adjust, p_value
 from harness.report.scores import CONFIDENCE, CrossedVariance, crossed_variance
 from harness.report.training_noise import OWN, TrainingNoise
 
 KINDS = ("improvement", "parity")
-METRICS = ("avg@k", "greedy")
+METRICS = (AVG_AT_K, GREEDY)
 MEAN = "mean"  # the claim's benchmark for the unweighted mean over the sweep's benchmarks
 UNDERTRAINED = "under-trained"  # a parity verdict while the baseline did not learn (module docstring)
 NOT_JUDGED = "not judged"  # evaluated, but the sweep cannot judge it: one seed, or an interval without width
@@ -173,10 +174,10 @@ def default_claims(labels: Sequence[str], method_names: Mapping[str, str], basel
         if label == baseline:
             continue
         if method_names.get(label) == method_names.get(baseline):
-            claims.append(Claim(label, baseline, MEAN, "avg@k", 0.0, "parity",
+            claims.append(Claim(label, baseline, MEAN, AVG_AT_K, 0.0, "parity",
                                 "harness default (no paper): an A/A pair must be equivalent"))
         else:
-            claims.append(Claim(label, baseline, MEAN, "avg@k", DEFAULT_CLAIM_POINTS, "improvement",
+            claims.append(Claim(label, baseline, MEAN, AVG_AT_K, DEFAULT_CLAIM_POINTS, "improvement",
                                 f"harness default (no paper): a {DEFAULT_CLAIM_POINTS:g}-point gain on the mean"))
     return claims
 
@@ -273,7 +274,7 @@ def decide(claim: Claim, interval: Interval, p_reproduce: float, p_contradict: f
 def claim_differences(claim: Claim, scores: Mapping[tuple[str, str, str, str], np.ndarray], benches: Sequence[str],
                       ckpt: str, avg_metric: str) -> dict[str, np.ndarray] | None:
     """{bench: (S, P) method - baseline} for the claim's scope, or None if the sweep lacks any of it."""
-    metric = avg_metric if claim.metric == "avg@k" else "greedy"
+    metric = avg_metric if claim.metric == AVG_AT_K else GREEDY
     scope = list(benches) if claim.benchmark == MEAN else [claim.benchmark]
     keys = [(label, ckpt, b, metric) for label in (claim.method, claim.baseline) for b in scope]
     if not scope or any(key not in scores for key in keys):
@@ -337,7 +338,7 @@ def baseline_gain(claim: Claim, scores: Mapping[tuple[str, str, str, str], np.nd
     """Points the claim's baseline gained at ``ckpt`` over the warm start on the claim's benchmarks and metric (its
     mean over seeds and problems minus the warm start's, unweighted over benchmarks for the mean); ``reference``:
     (benchmark, metric) -> the warm start's (1, P) scores. None when the sweep lacks either."""
-    metric = avg_metric if claim.metric == "avg@k" else "greedy"
+    metric = avg_metric if claim.metric == AVG_AT_K else GREEDY
     scope = list(benches) if claim.benchmark == MEAN else [claim.benchmark]
     if not scope or any((claim.baseline, ckpt, b, metric) not in scores or (b, metric) not in reference
                         for b in scope):
@@ -356,7 +357,7 @@ def judge_claims(claims: Sequence[Claim], scores: Mapping[tuple[str, str, str, s
     noise = noise or {}
     judged = []
     for claim in claims:
-        metric = avg_metric if claim.metric == "avg@k" else "greedy"
+        metric = avg_metric if claim.metric == AVG_AT_K else GREEDY
         scope = tuple(sorted(benches)) if claim.benchmark == MEAN else (claim.benchmark,)
         verdict = judge(claim, claim_differences(claim, scores, benches, ckpt, avg_metric),
                         noise.get(metric, {}).get(scope))

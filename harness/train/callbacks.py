@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
+from harness.data.files import append_text
 from harness.train.budget import OFF_BUDGET, tensors_sha256
 from harness.train.progress import ProgressLog
 
@@ -82,8 +83,7 @@ class BudgetCallback(TrainerCallback):
             return
         record = {"step": state.global_step, **self.trainer.accounting.ledger.summary()}
         record.update({k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in logs.items()})
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_text(self.metrics_path, json.dumps(record) + "\n")  # never through a link
         for tracker in self.trackers:
             tracker.log(record)
 

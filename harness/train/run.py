@@ -18,14 +18,14 @@ from harness.config.paths import SweepPaths, checkpoint_name
 from harness.config.provenance import run_record
 from harness.config.schema import MethodSpec, Resolved
 from harness.config.snapshot import train_job_config
-from harness.data.files import sha256_file, write_json_atomic
+from harness.data.files import sha256_file, write_json_atomic, write_text_atomic
 from harness.data.hub import source_checksums
 from harness.data.prepare import training_rows
 from harness.data.prompts import render_prompt
 from harness.model.checkpoints import load_policy
 from harness.train.budget import last_complete_checkpoint, peak_memory_bytes
 from harness.train.progress import PROGRESS_FILE, ProgressLog
-from harness.train.trackers import TRACKER_FOLDERS, open_trackers
+from harness.train.trackers import TRACKER_FOLDERS, open_trackers, tracker_run_name
 
 
 def training_dataset(resolved: Resolved, paths: SweepPaths, tokenizer, seed: int):
@@ -152,9 +152,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
     checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
     main = processes.is_main_process
     config = resolved.to_dict()
-    trackers = open_trackers(preset.train.report_to, run_dir, f"{resolved.sweep.name}/{spec.label}/seed{seed}",
-                             config, dump_yaml(config), int(resume_from.rsplit("-", 1)[1]) if resume_from else 0
-                             ) if main else []
+    trackers = open_trackers(preset.train.report_to, run_dir, tracker_run_name(resolved.sweep.name, spec.label, seed),
+                             config, dump_yaml(config), int(resume_from.rsplit("-", 1)[1]) if resume_from else 0,
+                             preset.train.wandb_mode) if main else []
     progress = ProgressLog(run_dir, budget.kind, budget.amount, spent_at_start=0.0) if main else None
     trainer = build_trainer(resolved, spec, seed, paths, run_dir, checkpoint_dirs=checkpoint_dirs,
                             metrics_path=metrics_partial, run_key=key,
@@ -286,4 +286,4 @@ def _drop_metrics_after(metrics_file: Path, step: int) -> None:
                              "have cut short: the file is corrupt") from None
         if record["step"] <= step:
             kept.append(line)
-    metrics_file.write_text("".join(line + "\n" for line in kept))
+    write_text_atomic(metrics_file, "".join(line + "\n" for line in kept))

@@ -86,8 +86,24 @@ TOUCH_POINTS = (
                "patches.class_forward_while_generating, patches.frozen_copy",
                "TRL puts a closure over the original forward on the policy instance: lifted while generating "
                "(introspected), dropped from the reference's deep copy"),
-    TouchPoint("trl.trainer.utils", "source", ("29500",), "vllm.ephemeral_port",
-               "TRL's _find_free_port tries 29500 first: a one-process colocated job gets a free MASTER_PORT"),
+    TouchPoint("trl.trainer.utils", "source", ("29500",), "vllm.colocated_rendezvous",
+               "TRL's _find_free_port tries 29500 first: a one-process colocated job gets a held MASTER_PORT"),
+    TouchPoint("trl.generation.vllm_generation:VLLMGeneration._init_vllm", "source",
+               ('distributed_executor_backend="external_launcher"', "ensure_master_addr_port()"),
+               "vllm.colocated_rendezvous", "a colocated engine rendezvouses through env:// at "
+               "MASTER_ADDR:MASTER_PORT, which TRL keeps when they are set: one process's is the loopback store"),
+    TouchPoint("torch.distributed.rendezvous:_create_c10d_store", "source", ("multi_tenant=True",),
+               "harness.config.loopback.loopback_store", "rank 0's store of an env:// or tcp:// rendezvous is "
+               "multi-tenant: the loopback store already on its port serves it"),
+    TouchPoint("torch.distributed.elastic.rendezvous.static_tcp_rendezvous:StaticTCPRendezvous.next_rendezvous",
+               "source", ("multi_tenant=True",), "harness.ops.loopback_launch",
+               "torchrun's static rendezvous (accelerate launch on one machine) opens a multi-tenant store: the "
+               "loopback store already on its port serves it"),
+    TouchPoint("accelerate.utils.launch:prepare_multi_gpu_env", "source", ("is_port_in_use(main_process_port)",),
+               "harness.ops.loopback_launch.hold_port", "accelerate's check of its port, told that the held loopback "
+               "port is free (for ddp and fsdp)"),
+    TouchPoint("accelerate.utils.launch:prepare_deepspeed_cmd_env", "source", ("is_port_in_use(main_process_port)",),
+               "harness.ops.loopback_launch.hold_port", "the same check for deepspeed"),
     TouchPoint("trl.generation.vllm_generation:VLLMGeneration._init_vllm", "source",
                ("self.llm = LLM(", "seed=accelerator.process_index // self.tensor_parallel_size"),
                "vllm.colocated_engine_settings", "the module's LLM is swapped to add the policy's dtype and the run "

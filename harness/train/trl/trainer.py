@@ -29,6 +29,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from harness.config.launch import require_vllm_cpu_build
+from harness.config.loopback import use_loopback
 from harness.config.rules import ZERO3_REFERENCE, dynamic_sampling_problems
 from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
@@ -54,7 +55,7 @@ from harness.train.trl.patches import (
     skip_cpu_inference_allreduce_build,
     skippable_step,
 )
-from harness.train.trl.vllm import colocated_engine_settings, ephemeral_port, reload_into_cpu_engine
+from harness.train.trl.vllm import colocated_engine_settings, colocated_rendezvous, reload_into_cpu_engine
 from methods.base import Method, RolloutBatch, StepContext
 
 logger = logging.getLogger(__name__)
@@ -75,10 +76,14 @@ class TargetedGRPOTrainer(GRPOTrainer):
         if cpu_engine:
             require_vllm_cpu_build("train.vllm_device")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; unset, vLLM sizes it from the machine's memory
-        if colocated and "WORLD_SIZE" not in os.environ and not os.environ.get("MASTER_PORT"):
-            os.environ["MASTER_PORT"] = str(ephemeral_port())
+        if preset.train.use_vllm:  # Gloo and NCCL of vLLM's groups, and the weight sync of server mode, on loopback
+            use_loopback()
+        # one process: vLLM's own rendezvous on loopback (under accelerate launch vLLM joins the launcher's store)
+        rendezvous = (colocated_rendezvous() if colocated and "WORLD_SIZE" not in os.environ
+                      and not os.environ.get("MASTER_PORT") else None)
         with colocated_engine_settings(preset, run_seed) if colocated else nullcontext():
             super().__init__(*args, **kwargs)
+        self.loopback_rendezvous = rendezvous  # kept for the job's lifetime, as vLLM's process group is
         if self.is_deepspeed_enabled and not torch.cuda.is_available():
             skip_cpu_inference_allreduce_build()
         if cpu_engine:

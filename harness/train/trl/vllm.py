@@ -1,22 +1,26 @@
-"""vLLM shims of TRL 1.16's generation: a free rendezvous port, the policy's dtype (and eager mode on CPU) for the
+"""vLLM shims of TRL 1.16's generation: a rendezvous on loopback, the policy's dtype (and eager mode on CPU) for the
 colocated engine TRL builds, and the weight sync for vLLM's CPU build."""
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
+from harness.config.loopback import LOOPBACK, loopback_store
 from harness.config.schema import PresetConfig
 
 
-def ephemeral_port() -> int:
-    """A free port the kernel assigns, for a one-process job's colocated vLLM rendezvous. TRL 1.16 tries 29500 first
-    (``trainer/utils.py _find_free_port``): two such jobs starting together on one machine both find it free and the
-    second fails with EADDRINUSE (seen in the vLLM-CPU rehearsal, two train jobs at once)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def colocated_rendezvous():
+    """The rendezvous of a one-process job's colocated vLLM engine, which TRL 1.16 builds with
+    ``distributed_executor_backend="external_launcher"``: vLLM then calls ``init_process_group`` with ``env://``, and
+    torch's store for it would listen on every interface. Here MASTER_ADDR:MASTER_PORT is a store on 127.0.0.1
+    (``harness.config.loopback.loopback_store``, multi-tenant: torch's store on that port in this process is this
+    one), returned to be kept until the engine is built. Its port is the kernel's and held: TRL 1.16 tries 29500
+    first (``trainer/utils.py _find_free_port``), and two such jobs starting together on one machine both found it
+    free, the second failing with EADDRINUSE (the vLLM-CPU rehearsal, two train jobs at once)."""
+    store = loopback_store()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = LOOPBACK, str(store.port)
+    return store
 
 
 # seeds of one run's colocated engines: run seed x this + TRL's per-engine index (process index // tensor parallel)
