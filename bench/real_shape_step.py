@@ -319,7 +319,8 @@ def measure(args) -> dict:
     from harness.ops.resources import needs_reference
     from harness.train.actor import Actor
     from harness.train.budget import ModelShape, StepAccounting
-    from methods.base import StepContext
+    from harness.train.hooks import statistics_read
+    from harness.train.step_settings import StepSettings
     from methods.registry import get_method_class
 
     resolved = resolve(args.sweep)
@@ -329,7 +330,7 @@ def measure(args) -> dict:
     rows = args.rows or default_rows(shapes)
     spec = load_method(args.method, search_dirs=resolved.sweep.method_config_dirs)
     method = get_method_class(spec.name)(spec.params)
-    reference_needed = train.beta > 0 or "ref_logp" in method.needs
+    reference_needed = "ref_logp" in statistics_read(method, train.beta)
     device = torch.device(args.device)
     torch.set_num_threads(train.threads)  # as a run sets it (harness/train/run.py build_trainer)
     bf16 = preset.model.dtype == "bfloat16"
@@ -360,9 +361,8 @@ def measure(args) -> dict:
                       lambda name, value: None, (), reference)
         optimizer = torch.optim.AdamW(model.parameters(), lr=train.learning_rate, weight_decay=train.weight_decay,
                                       fused=True)
-        contexts = [StepContext(step=step, seed=0, clip_eps_low=train.clip_eps_low,
-                                clip_eps_high=train.clip_eps_high, beta=train.beta, aggregation=train.aggregation,
-                                max_completion_length=shapes.completion_tokens) for step in range(args.steps)]
+        settings = StepSettings.of(train).replace(max_completion_length=shapes.completion_tokens)
+        contexts = [settings.context(step=step) for step in range(args.steps)]
         inputs = synthetic_inputs(method, shapes, rows, contexts[0], device)
         before = fingerprints(model)
         record["steps"] = run_steps(model, actor, optimizer, inputs, contexts, train, Memory(device))

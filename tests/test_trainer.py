@@ -13,7 +13,6 @@ from reference_formulas import clipped_surrogate
 
 from harness.config.schema import PresetConfig
 from harness.model.checkpoints import load_policy
-from harness.train.actor import loss_config
 from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX, reduced_inputs
 from harness.train.row_chunks import chunk_plan
 from harness.train.trl import TOUCH_POINTS, TRL_VERSION
@@ -335,10 +334,12 @@ def test_loss_settings_come_from_the_preset(tiny_model_dir, tmp_path):
 
     trainer, _ = make_trainer(tiny_model_dir, tmp_path, beta=0.1, clip_ratio_c=3.0, kl_estimator="low_var_kl",
                               clip_eps_low=0.1, clip_eps_high=0.3)
-    assert loss_config(trainer.preset.train, trainer.step_context()) == LossConfig(
+    assert trainer.actor.settings.loss_config() == LossConfig(
         clip_eps_low=0.1, clip_eps_high=0.3, clip_ratio_c=3.0, beta=0.1, kl_estimator="low_var_kl")
+    ctx = trainer.step_context()  # the methods see the same settings
+    assert (ctx.clip_eps_low, ctx.clip_eps_high, ctx.beta) == (0.1, 0.3, 0.1)
     trainer, _ = make_trainer(tiny_model_dir, tmp_path)
-    assert loss_config(trainer.preset.train, trainer.step_context()) == LossConfig()  # k3, no dual-clip: the defaults
+    assert trainer.actor.settings.loss_config() == LossConfig()  # k3, no dual-clip: the schema's defaults
 
 
 def left_padded_inputs(seed: int, group_prompts: bool = False) -> dict:

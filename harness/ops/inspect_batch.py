@@ -26,15 +26,14 @@ import torch
 
 from harness.config.loading import load_method, parse_overrides
 from harness.config.paths import CONFIG_DIR
-from harness.config.schema import ConfigError
+from harness.config.schema import ConfigError, TrainConfig
 from harness.data.files import read_json, write_json_atomic
-from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks
-from harness.train.loss import LossConfig
-from methods.base import STATISTICS, StepContext, TokenStats
+from harness.train.hooks import PreparedBatch, new_rollout_batch, run_hooks, statistics_read
+from harness.train.step_settings import STEP_KEYS, StepSettings
+from methods.base import STATISTICS, TokenStats
 
 DEFAULT_SPECIAL_TOKEN_IDS = (151643,)
-STEP_KEYS = ("aggregation", "clip_eps_low", "clip_eps_high", "beta", "max_completion_length", "step")
-LOSS_KEYS = ("clip_ratio_c", "kl_estimator")
+BATCH_STEP_KEYS = (*STEP_KEYS, "step")  # a batch file's step keys (and --set ctx.<key>=...): the settings and the step
 
 
 def _tensor(batch: dict, key: str, source: Path, shape: tuple[int, ...] | None, dtype) -> torch.Tensor:
@@ -101,25 +100,24 @@ def inspect_batch(label_or_name: str, batch_file: Path, out_file: Path, override
     progress = float(raw.get("progress", 0.0))
     if not 0.0 <= progress <= 1.0:
         raise ValueError(f"{batch_file}: key 'progress' must be in [0, 1], got {progress}")
-    settings = {k: raw[k] for k in (*STEP_KEYS, *LOSS_KEYS) if k in raw}
+    settings = {k: raw[k] for k in BATCH_STEP_KEYS if k in raw}
     settings.update({k.removeprefix("ctx."): v for k, v in parse_overrides(
         [o for o in overrides if o.startswith("ctx.")]).get("ctx", {}).items()})
-    unknown = set(settings) - set(STEP_KEYS) - set(LOSS_KEYS)
+    unknown = set(settings) - set(BATCH_STEP_KEYS)
     if unknown:
-        raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(STEP_KEYS + LOSS_KEYS)}")
-    ctx = StepContext(progress=progress, seed=int(raw.get("seed", 0)),
-                      **{"max_completion_length": T, **{k: v for k, v in settings.items() if k in STEP_KEYS}})
-    loss_config = LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high, beta=ctx.beta,
-                             **{k: v for k, v in settings.items() if k in LOSS_KEYS})
+        raise ConfigError(f"unknown step setting(s) {sorted(unknown)}; allowed: {list(BATCH_STEP_KEYS)}")
+    step = int(settings.pop("step", 0))
+    # the schema's defaults, the batch's width as max_completion_length, then the file's keys and the overrides
+    step_settings = StepSettings.of(TrainConfig()).replace(max_completion_length=T).replace(**settings)
+    ctx = step_settings.context(progress=progress, step=step, seed=int(raw.get("seed", 0)))
+    loss_config = step_settings.loss_config()
     method = _method(label_or_name, overrides)
-    # needs_at: needs (checked against STATISTICS when set) plus what a step setting adds (GMTS: ref_logp at beta > 0)
-    missing = sorted(name for name in method.needs_at(ctx) if name not in optional)
+    missing = sorted(name for name in statistics_read(method, ctx.beta) if name not in optional)
     if missing:
-        raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}")
-    if ctx.beta > 0 and "ref_logp" not in optional:
-        raise ValueError(f"{batch_file}: beta = {ctx.beta} > 0 needs key 'ref_logp' (the KL term's reference)")
+        kl = f" (beta = {ctx.beta} > 0: the KL term reads ref_logp)" if "ref_logp" in missing and ctx.beta > 0 else ""
+        raise ValueError(f"{batch_file}: method {method.name!r} needs key(s) {missing}{kl}")
     special = tuple(int(i) for i in raw.get("special_token_ids", DEFAULT_SPECIAL_TOKEN_IDS))
-    batch = new_rollout_batch(ids, mask, rewards, group_ids, str(raw.get("scale_rewards", "group")), special)
+    batch = new_rollout_batch(ids, mask, rewards, group_ids, str(step_settings.scale_rewards), special)
 
     def stats_for(prepared: PreparedBatch) -> TokenStats:
         def cut(x):

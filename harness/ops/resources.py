@@ -411,14 +411,15 @@ def format_plan(resolved: Resolved) -> str:
 
 
 def needs_reference(resolved: Resolved) -> bool:
-    """Whether a train job holds a reference model: ``train.beta`` > 0 or a trained label's method reads
-    ``ref_logp`` (the trainer's rule, harness/train/trl/trainer.py)."""
+    """Whether a train job holds a reference model: a trained label's step reads ``ref_logp`` (the trainer's rule,
+    ``harness.train.hooks.statistics_read``: ``train.beta`` > 0, or a method reading it)."""
+    from harness.train.hooks import statistics_read
     from methods.registry import get_method_class
 
     released = released_checkpoints(resolved)
-    return resolved.preset.train.beta > 0 or any(
-        "ref_logp" in get_method_class(resolved.methods[label].name).needs
-        for label in resolved.sweep.methods if label not in released and label in resolved.methods)
+    beta = resolved.preset.train.beta
+    return any("ref_logp" in statistics_read(get_method_class(spec.name)(spec.params), beta)
+               for label, spec in resolved.methods.items() if label in resolved.sweep.methods and label not in released)
 
 
 def plan_memory_problems(resolved: Resolved) -> list[str]:

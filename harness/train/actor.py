@@ -30,6 +30,7 @@ from harness.train.hooks import (
     PreparedBatch,
     denominator_parts,
     loss_inputs_for,
+    statistics_read,
     weigh_tokens,
     with_global_denominators,
     with_row_scales,
@@ -46,6 +47,7 @@ from harness.train.row_chunks import (
     split_by_prompt_groups,
     statistics_by_row_chunks,
 )
+from harness.train.step_settings import StepSettings
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics, packed_model_token_statistics
 from methods.base import Method, StepContext, TokenStats, TokenWeights
 
@@ -120,11 +122,6 @@ def zero_on_graph(values: torch.Tensor) -> torch.Tensor:
     return (torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0) * 0.0).sum().abs()  # abs: never -0.0
 
 
-def loss_config(train: TrainConfig, ctx: StepContext) -> LossConfig:
-    return LossConfig(clip_eps_low=ctx.clip_eps_low, clip_eps_high=ctx.clip_eps_high,
-                      clip_ratio_c=train.clip_ratio_c, beta=ctx.beta, kl_estimator=train.kl_estimator)
-
-
 class Actor:
     """Forwards and loss of the policy ``method`` trains, under ``train``; every forward is counted in
     ``accounting``; ``log(name, value)`` takes the step's metrics; ``reference``: the frozen reference policy
@@ -135,6 +132,7 @@ class Actor:
                  reference: torch.nn.Module | None = None):
         self.method = method
         self.train = train
+        self.settings = StepSettings.of(train)  # what the step context and the loss read of train
         self.accounting = accounting
         self.processes = processes
         self.log = log
@@ -259,7 +257,7 @@ class Actor:
         """Current-policy statistics; old_logp is the rollout policy's (``before_updates``) when the batch feeds
         several optimizer steps, else logp.detach() (pi_old = pi_theta); ref_logp the reference's, None without a
         reference model."""
-        extras = tuple(sorted(({"entropy"} | set(self.method.needs)) & set(EXTRA_STATISTICS)))
+        extras = tuple(sorted(({"entropy"} | statistics_read(self.method, self.train.beta)) & set(EXTRA_STATISTICS)))
         stats = self.statistics(model, inputs, extras, "train", backward, loss_positions)
         old_logp = inputs.get(OLD_LOGP)
         return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
@@ -287,7 +285,7 @@ class Actor:
                                       old_logp=inputs.get(OLD_LOGP), ref_logp=stats.ref_logp)
         loss_inputs = self.normalised(loss_inputs, result, batch, inputs, ctx)
         mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
-        config = loss_config(self.train, ctx)
+        config = self.settings.loss_config()
         if in_chunks:
             loss, metrics = self._loss_in_backward_chunks(model, inputs, loss_inputs, config, plan, positions)
         else:

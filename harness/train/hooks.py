@@ -37,6 +37,16 @@ class PreparedBatch:
     length: int
 
 
+def statistics_read(method: Method, beta: float) -> frozenset[str]:
+    """The token statistics beyond logp that a step of ``method`` reads at ``train.beta`` = ``beta``: the method's own
+    (``needs_at``: ``needs`` and what a setting adds, GMTS's ref_logp at beta > 0) and ref_logp for the KL term when
+    beta > 0. The one rule for what a step computes: the actor computes these (and entropy, which it logs), the
+    trainer holds a reference model when ref_logp is among them, ``harness inspect`` requires them in a batch file and
+    ``harness plan`` sizes the reference model by them."""
+    reference = frozenset({"ref_logp"}) if beta > 0 else frozenset()
+    return frozenset(method.needs_at(StepContext(beta=beta))) | reference
+
+
 def new_rollout_batch(completion_ids: torch.Tensor, completion_mask: torch.Tensor, rewards: torch.Tensor,
                       group_ids: torch.Tensor, scale_rewards: str, special_token_ids: tuple[int, ...] = (),
                       rollout_advantages: torch.Tensor | None = None) -> RolloutBatch:

@@ -44,7 +44,7 @@ from harness.train.budget import (
     rotate_checkpoints,
 )
 from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, GroupExchange, PromptStream
-from harness.train.hooks import new_rollout_batch, prepare_batch
+from harness.train.hooks import new_rollout_batch, prepare_batch, statistics_read
 from harness.train.rollout_inputs import GROUP_IDS, reduced_inputs
 from harness.train.trl.patches import (
     AcceleratorProcesses,
@@ -109,7 +109,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
                               f"{len(self.train_dataset)} training prompts (train.dynamic_sampling.prompts_per_round)")
         self.exchange_groups = GroupExchange()
         reference = None
-        if preset.train.beta > 0 or "ref_logp" in method.needs:
+        if "ref_logp" in statistics_read(method, preset.train.beta):
             if self.is_deepspeed_enabled:
                 raise ConfigError(f"method {method.name!r}: {ZERO3_REFERENCE}")
             reference = frozen_copy(self.accelerator.unwrap_model(self.model), TORCH_DTYPES[preset.model.dtype])
@@ -137,12 +137,10 @@ class TargetedGRPOTrainer(GRPOTrainer):
         return self.accounting.saved_checkpoints
 
     def step_context(self) -> StepContext:
-        train = self.preset.train
-        progress = min(1.0, self.ledger.spent(train.budget.kind) / max(train.budget.amount, 1e-12))
-        return StepContext(progress=progress, step=self.state.global_step, seed=self.run_seed,
-                           clip_eps_low=train.clip_eps_low, clip_eps_high=train.clip_eps_high, beta=train.beta,
-                           aggregation=train.aggregation, max_completion_length=train.max_completion_length,
-                           process_index=self.accelerator.process_index)
+        budget = self.preset.train.budget
+        progress = min(1.0, self.ledger.spent(budget.kind) / max(budget.amount, 1e-12))
+        return self.actor.settings.context(progress, self.state.global_step, self.run_seed,
+                                           self.accelerator.process_index)
 
     # --- the update loop: TRL's Trainer asks for each optimizer step's inputs ---------------------------------------
 
@@ -303,16 +301,14 @@ class TargetedGRPOTrainer(GRPOTrainer):
         self.clock.stop(OFF_BUDGET, started)
         if not self.accelerator.is_main_process:
             return
-        train, tokenizer = self.preset.train, self.processing_class
+        tokenizer = self.processing_class
         completion_ids = batch.completion_ids[:rows].tolist()
         write_json_atomic(self.sample_batch_path, {
             "completion_ids": completion_ids, "completion_mask": batch.completion_mask[:rows].int().tolist(),
             "rewards": batch.rewards[:rows].tolist(), "group_ids": batch.group_ids[:rows].tolist(),
             "logp": stats["logp"].cpu().tolist(), "entropy": stats["entropy"].cpu().tolist(),
             "sum_p2": stats["sum_p2"].cpu().tolist(), "progress": 0.0, "seed": self.run_seed,
-            "special_token_ids": list(self.special_token_ids), "aggregation": train.aggregation,
-            "scale_rewards": train.scale_rewards, "clip_eps_low": train.clip_eps_low,
-            "clip_eps_high": train.clip_eps_high, "max_completion_length": train.max_completion_length,
+            "special_token_ids": list(self.special_token_ids), **self.actor.settings.method_record(),
             "prompts": tokenizer.batch_decode(inputs["prompt_ids"], skip_special_tokens=True),
             "completion_tokens": [tokenizer.convert_ids_to_tokens(row) for row in completion_ids],
         }, indent=None)
