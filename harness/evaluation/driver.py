@@ -379,74 +379,40 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
                        eval_cfg: EvalConfig, prompt_template: str, out_dir: Path, device: str = "cpu",
                        loaded: LoadedCheckpoint | None = None) -> dict:
     """Generate, score and summarise ``bench`` for the checkpoint in ``model_dir``; write and return results.json.
-    ``loaded``: the checkpoint's ``load_checkpoint``, shared by its benchmarks (loaded here when None)."""
+    ``loaded``: the checkpoint's ``load_checkpoint``, shared by its benchmarks (loaded here when None).
+    Four steps: the benchmark's rows, lm-eval's tasks over them, generation, then scoring and the record."""
     start = time.monotonic()
     data_file, out_dir, model_dir = Path(data_file), Path(out_dir), Path(model_dir)
     data_sha256 = verify_checksum(data_file)  # before any model work: a corrupt file fails in seconds
     (out_dir / "results.json").unlink(missing_ok=True)  # results.json present <=> this run finished
-    rows = read_jsonl(data_file)
-    if not rows:  # metrics of no problems would all be None
-        raise DataFileError(f"{data_file}: benchmark {bench_name!r} has no rows")
-    if bench.limit > 0:
-        rows = rows[:bench.limit]
-    if len({r["id"] for r in rows}) != len(rows):
-        raise ValueError(f"{data_file}: duplicate ids; per-sample rows are keyed by id")
+    rows = benchmark_rows(bench_name, bench, data_file)
     model_args(model_dir, eval_cfg, device)  # fails early when vllm is missing
     if loaded is not None and loaded.model_dir != model_dir:
         raise ValueError(f"evaluate_benchmark: model_dir {model_dir} but the loaded checkpoint is {loaded.model_dir}")
-
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-    from transformers import AutoConfig
-
-    from harness.data.prompts import render_prompt, stop_sequences
-
     owned = loaded is None  # loaded here: released here
     loaded = loaded or load_checkpoint(model_dir, eval_cfg, device)
-    tokenizer = loaded.tokenizer
-    prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
-    docs = [{"id": r["id"], "problem": r["problem"], "answer": str(r["answer"]), "prompt": prompts[r["id"]],
-             "scorer": bench.scorer, "scoring_timeout_s": eval_cfg.scoring_timeout_s} for r in rows]
-    task_dir = out_dir / "lm_eval"
-    docs_file = write_jsonl_atomic(task_dir / "docs.jsonl", docs)
-    stops = stop_sequences(prompt_template, eval_cfg.stop)
-    modes = {"sampled": eval_cfg.k, **({"greedy": 1} if eval_cfg.greedy else {})}
-    task_files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
-                                        generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
-
+    tasks = BenchmarkTasks.write(rows, bench_name, bench, eval_cfg, prompt_template, loaded.tokenizer,
+                                 out_dir / "lm_eval")
     gen_start = time.monotonic()
-    with without_environment_probe():
-        res = lm_eval.simple_evaluate(
-            model=loaded.lm, tasks=[str(p) for p in task_files.values()],
-            task_manager=TaskManager(include_defaults=False), num_fewshot=0,
-            batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
-            device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
-            bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
-            torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
+    res = generate(loaded, tasks, eval_cfg, device)
     generate_s = time.monotonic() - gen_start
     if owned:
         loaded.release()
-    shutil.rmtree(task_dir / HF_CACHE, ignore_errors=True)
+    shutil.rmtree(out_dir / "lm_eval" / HF_CACHE, ignore_errors=True)
 
-    samples = _collect_samples(res, task_files, modes, prompts, len(docs))
+    samples = _collect_samples(res, tasks.files, tasks.modes, tasks.prompts, len(rows))
     score_start = time.monotonic()
-    _score_samples(samples, bench.scorer, eval_cfg.scoring_timeout_s, tokenizer)
+    _score_samples(samples, bench.scorer, eval_cfg.scoring_timeout_s, loaded.tokenizer)
     score_s = time.monotonic() - score_start
-
-    context_limit = (vllm_max_model_len(model_dir, eval_cfg) if eval_cfg.backend == "vllm"
-                     else getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None))
-    prompt_lengths = [len(ids) for ids in tokenizer(list(prompts.values()), add_special_tokens=False)["input_ids"]]
     metrics = summarize(samples, eval_cfg.k, eval_cfg.max_gen_toks)
-    metrics["prompts_truncated"] = (sum(n > context_limit - eval_cfg.max_gen_toks for n in prompt_lengths)
-                                    if context_limit else None)  # lm-eval left-truncates these
-
+    metrics["prompts_truncated"] = prompts_truncated(model_dir, eval_cfg, loaded.tokenizer, tasks.prompts)
     write_jsonl_atomic(out_dir / "samples.jsonl", samples)
     results = {
         "bench": bench_name,
         "model_dir": _portable(model_dir),
         "scorer": bench.scorer,
         "prompt_template": prompt_template,
-        "n_problems": len(docs),
+        "n_problems": len(rows),
         "k": eval_cfg.k,
         "temperature": eval_cfg.temperature,
         "top_p": eval_cfg.top_p,
@@ -456,9 +422,10 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
         "device": device if eval_cfg.backend == "hf" else f"vllm-{eval_cfg.vllm.device}",
         "seed": eval_cfg.seed,
         "scoring_timeout_s": eval_cfg.scoring_timeout_s,
-        "stop_sequences": list(stops),
+        "stop_sequences": list(tasks.stops),
         "metrics": metrics,
-        "lm_eval_metrics": {task_files[m].stem: _lm_eval_metrics(res["results"][task_files[m].stem]) for m in modes},
+        "lm_eval_metrics": {tasks.files[m].stem: _lm_eval_metrics(res["results"][tasks.files[m].stem])
+                            for m in tasks.modes},
         "data_file": _portable(data_file),
         "data_sha256": data_sha256,
         "samples_file": "samples.jsonl",
@@ -471,3 +438,69 @@ def evaluate_benchmark(model_dir: Path, bench_name: str, bench: BenchmarkConfig,
     }
     write_json_atomic(out_dir / "results.json", results)
     return results
+
+
+def benchmark_rows(bench_name: str, bench: BenchmarkConfig, data_file: Path) -> list[dict]:
+    """The benchmark's rows (its first ``limit``), with unique ids: per-sample rows are keyed by id."""
+    rows = read_jsonl(data_file)
+    if not rows:  # metrics of no problems would all be None
+        raise DataFileError(f"{data_file}: benchmark {bench_name!r} has no rows")
+    if bench.limit > 0:
+        rows = rows[:bench.limit]
+    if len({r["id"] for r in rows}) != len(rows):
+        raise ValueError(f"{data_file}: duplicate ids; per-sample rows are keyed by id")
+    return rows
+
+
+@dataclass
+class BenchmarkTasks:
+    """lm-eval's tasks of one benchmark in ``task_dir``: the rendered prompts by id, the stop sequences, and one
+    task file per mode (``sampled``: k repeats; ``greedy``: one, when eval.greedy)."""
+
+    prompts: dict
+    stops: tuple
+    modes: dict
+    files: dict
+
+    @classmethod
+    def write(cls, rows: list[dict], bench_name: str, bench: BenchmarkConfig, eval_cfg: EvalConfig,
+              prompt_template: str, tokenizer, task_dir: Path) -> BenchmarkTasks:
+        from harness.data.prompts import render_prompt, stop_sequences
+
+        prompts = {r["id"]: render_prompt(prompt_template, r["problem"], tokenizer) for r in rows}
+        docs = [{"id": r["id"], "problem": r["problem"], "answer": str(r["answer"]), "prompt": prompts[r["id"]],
+                 "scorer": bench.scorer, "scoring_timeout_s": eval_cfg.scoring_timeout_s} for r in rows]
+        docs_file = write_jsonl_atomic(task_dir / "docs.jsonl", docs)
+        stops = stop_sequences(prompt_template, eval_cfg.stop)
+        modes = {"sampled": eval_cfg.k, **({"greedy": 1} if eval_cfg.greedy else {})}
+        files = {mode: write_task_file(task_dir, bench_name, mode, docs_file, repeats,
+                                       generation_kwargs(eval_cfg, stops, mode)) for mode, repeats in modes.items()}
+        return cls(prompts, stops, modes, files)
+
+
+def generate(loaded: LoadedCheckpoint, tasks: BenchmarkTasks, eval_cfg: EvalConfig, device: str) -> dict:
+    """lm-eval's ``simple_evaluate`` over the tasks with the loaded model, seeded by ``eval.seed``."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    with without_environment_probe():
+        return lm_eval.simple_evaluate(
+            model=loaded.lm, tasks=[str(p) for p in tasks.files.values()],
+            task_manager=TaskManager(include_defaults=False), num_fewshot=0,
+            batch_size=eval_cfg.batch_size if eval_cfg.backend == "hf" else "auto",
+            device=device if eval_cfg.backend == "hf" else None, apply_chat_template=False, log_samples=True,
+            bootstrap_iters=0, random_seed=eval_cfg.seed, numpy_random_seed=eval_cfg.seed,
+            torch_random_seed=eval_cfg.seed, fewshot_random_seed=eval_cfg.seed)
+
+
+def prompts_truncated(model_dir: Path, eval_cfg: EvalConfig, tokenizer, prompts: dict) -> int | None:
+    """Prompts longer than the context leaves room for beside max_gen_toks (lm-eval left-truncates them); None when
+    the model declares no context length."""
+    from transformers import AutoConfig
+
+    context_limit = (vllm_max_model_len(model_dir, eval_cfg) if eval_cfg.backend == "vllm"
+                     else getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None))
+    if not context_limit:
+        return None
+    prompt_lengths = [len(ids) for ids in tokenizer(list(prompts.values()), add_special_tokens=False)["input_ids"]]
+    return sum(n > context_limit - eval_cfg.max_gen_toks for n in prompt_lengths)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -127,53 +127,33 @@ def set_budget_progress(trainer, fraction: float) -> None:
 def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict | None:
     """Train ``spec`` from the warm start until the budget is spent; write the budget checkpoints,
     metrics.jsonl and run.json. With ``train.save_every_steps`` the run resumes from its last trainer
-    checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun. Under accelerate
-    launch every process calls this; the main process writes the files and gets the run record, the others None."""
+    checkpoint (weights, optimizer, scheduler, RNG, data position, budget ledger) when rerun (``RunFolder``). Under
+    accelerate launch every process calls this; the main process writes the files and gets the run record, the
+    others None."""
     from accelerate import PartialState
 
     preset = resolved.preset
-    run_seed = seed + spec.seed_offset
-    run_dir = paths.run_dir(spec.label, seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
     budget = preset.train.budget
+    folder = RunFolder(paths.run_dir(spec.label, seed), budget.checkpoint_fractions)
     warmstart_digest = warmstart_sha256(paths.warmstart_dir)
-    key = run_key(resolved, spec, run_seed, paths, warmstart_digest)
-    metrics_partial = run_dir / "metrics.jsonl.partial"
+    key = run_key(resolved, spec, seed + spec.seed_offset, paths, warmstart_digest)
     # one process, or one per device under accelerate launch / torchrun; cpu as in grpo_config (the state is shared).
     # The process group is created here, before GRPOConfig: its ddp_timeout would come too late to apply
     processes = PartialState(cpu=not torch.cuda.is_available(),
                              timeout=timedelta(seconds=preset.train.collective_timeout_s))
     with processes.main_process_first():  # the main process cleans up; the others then find the same state
-        resume_from = last_complete_checkpoint(run_dir / "trl", key)
-        if resume_from is None:
-            _clear_run_outputs(run_dir, budget.checkpoint_fractions)
-            _clear_progress_and_trackers(run_dir)
-            metrics_partial.unlink(missing_ok=True)
-    checkpoint_dirs = {f: run_dir / checkpoint_name(f) for f in budget.checkpoint_fractions}
+        resume_from = folder.start(key)
     main = processes.is_main_process
     config = resolved.to_dict()
-    trackers = open_trackers(preset.train.report_to, run_dir, tracker_run_name(resolved.sweep.name, spec.label, seed),
-                             config, dump_yaml(config), int(resume_from.rsplit("-", 1)[1]) if resume_from else 0,
+    trackers = open_trackers(preset.train.report_to, folder.path,
+                             tracker_run_name(resolved.sweep.name, spec.label, seed), config, dump_yaml(config),
+                             int(resume_from.rsplit("-", 1)[1]) if resume_from else 0,
                              preset.train.wandb_mode) if main else []
-    progress = ProgressLog(run_dir, budget.kind, budget.amount, spent_at_start=0.0) if main else None
-    trainer = build_trainer(resolved, spec, seed, paths, run_dir, checkpoint_dirs=checkpoint_dirs,
-                            metrics_path=metrics_partial, run_key=key,
-                            sample_batch_path=run_dir / "sample_batch.json", trackers=trackers, progress=progress)
-    finished = False
-    if resume_from is not None:
-        trainer.restore_ledger(Path(resume_from))
-        if progress is not None:  # the ETA extrapolates this job's own rate
-            progress.spent_at_start = trainer.ledger.spent(budget.kind)
-        # killed after its last step but before run.json: nothing is left to train, and the metrics may already
-        # have been moved into place
-        finished = trainer.ledger.spent(budget.kind) >= budget.amount * (1 - 1e-9)
-        if processes.is_main_process:
-            # the budget checkpoints saved after the trainer checkpoint resumed from: the run saves them again
-            _clear_run_outputs(run_dir, [f for f in budget.checkpoint_fractions
-                                         if checkpoint_name(f) not in trainer.saved_checkpoints])
-            if (run_dir / "metrics.jsonl").is_file() and not metrics_partial.is_file():
-                (run_dir / "metrics.jsonl").replace(metrics_partial)
-            _drop_metrics_after(metrics_partial, trainer.ledger.steps)
+    progress = ProgressLog(folder.path, budget.kind, budget.amount, spent_at_start=0.0) if main else None
+    trainer = build_trainer(resolved, spec, seed, paths, folder.path, checkpoint_dirs=folder.checkpoint_dirs,
+                            metrics_path=folder.metrics_partial, run_key=key,
+                            sample_batch_path=folder.path / "sample_batch.json", trackers=trackers, progress=progress)
+    finished = resume_from is not None and folder.resume(trainer, Path(resume_from), progress, main)
     started = time.perf_counter()
     try:
         if not finished:
@@ -182,22 +162,83 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         for tracker in trackers:
             tracker.close()
     elapsed = time.perf_counter() - started
-    missing = [d.name for d in checkpoint_dirs.values() if not d.is_dir()]
+    missing = [d.name for d in folder.checkpoint_dirs.values() if not d.is_dir()]
     if missing:
         raise RuntimeError(f"training stopped before the budget was spent (max_steps cap "
                            f"{budget.max_steps}?): checkpoints {missing} were not written")
     peak_memory = trainer.max_over_processes(peak_memory_bytes(trainer.accelerator.device))
-    if not processes.is_main_process:
+    if not main:
         return None
-    metrics_partial.replace(run_dir / "metrics.jsonl")
-    ledger = trainer.ledger
+    folder.metrics_partial.replace(folder.path / "metrics.jsonl")
+    record = training_record(resolved, spec, seed, paths, trainer, elapsed, resume_from, peak_memory,
+                             processes.num_processes)
+    record["warmstart_sha256"] = warmstart_digest
+    record["digests"] = asdict(trainer.accounting.digests)  # `harness verify` replays against these
+    write_json_atomic(folder.path / "run.json", record)
+    return record
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run's folder across kills and reruns: the budget checkpoints of ``fractions``, metrics.jsonl (written as
+    metrics.jsonl.partial until the run ends) and the trainer checkpoints under trl/."""
+
+    path: Path
+    fractions: list[float]
+
+    @property
+    def metrics_partial(self) -> Path:
+        return self.path / "metrics.jsonl.partial"
+
+    @property
+    def checkpoint_dirs(self) -> dict[float, Path]:
+        return {f: self.path / checkpoint_name(f) for f in self.fractions}
+
+    def start(self, key: str) -> str | None:
+        """The newest complete trainer checkpoint made under ``key`` (``run_key``) to resume from, or None: then
+        what an earlier attempt left (run.json, budget checkpoints, progress, trackers, metrics) is cleared."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        resume_from = last_complete_checkpoint(self.path / "trl", key)
+        if resume_from is None:
+            _clear_run_outputs(self.path, self.fractions)
+            _clear_progress_and_trackers(self.path)
+            self.metrics_partial.unlink(missing_ok=True)
+        return resume_from
+
+    def resume(self, trainer, checkpoint: Path, progress: ProgressLog | None, main: bool) -> bool:
+        """Continue from ``checkpoint``: its budget ledger into ``trainer``; on the main process, the budget
+        checkpoints saved after it cleared (the run saves them again) and metrics.jsonl cut back to its step.
+        Returns whether nothing is left to train (killed after the last step but before run.json)."""
+        budget = trainer.preset.train.budget
+        trainer.restore_ledger(checkpoint)
+        if progress is not None:  # the ETA extrapolates this job's own rate
+            progress.spent_at_start = trainer.ledger.spent(budget.kind)
+        finished = trainer.ledger.spent(budget.kind) >= budget.amount * (1 - 1e-9)
+        if main:
+            _clear_run_outputs(self.path, [f for f in self.fractions
+                                           if checkpoint_name(f) not in trainer.saved_checkpoints])
+            metrics = self.path / "metrics.jsonl"
+            if metrics.is_file() and not self.metrics_partial.is_file():  # moved into place before the kill
+                metrics.replace(self.metrics_partial)
+            _drop_metrics_after(self.metrics_partial, trainer.ledger.steps)
+        return finished
+
+
+def training_record(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths, trainer, elapsed: float,
+                    resume_from: str | None, peak_memory: int, processes: int) -> dict:
+    """run.json's record of a finished run: the configuration and provenance (``run_record``), the budget as the
+    ledger counted it, the counters, the precision and engine facts read from the live trainer."""
+    from harness.train.trl.settings import reward_scoring_workers
+    from harness.train.trl.vllm import colocated_kv_cache
+
+    budget, ledger = resolved.preset.train.budget, trainer.ledger
     record = run_record(
-        resolved, spec, seed, run_seed, trainer.method.deviations,
+        resolved, spec, seed, seed + spec.seed_offset, trainer.method.deviations,
         budget={"kind": budget.kind, "amount": budget.amount, "spent": ledger.spent(budget.kind),
                 "spent_steps": ledger.steps, "clock": trainer.clock.name,
                 "checkpoints": {name: info["step"] for name, info in trainer.saved_checkpoints.items()},
                 "checkpoint_spend": trainer.saved_checkpoints, "ledger": ledger.to_dict(),
-                "peak_memory_bytes": peak_memory, "processes": processes.num_processes,
+                "peak_memory_bytes": peak_memory, "processes": processes,
                 "peak_memory_kind": "cuda_max_allocated" if torch.cuda.is_available() else "cpu_max_rss"},
         counters={"generated_tokens": ledger.generated_tokens, "forwarded_tokens": ledger.forwarded_positions,
                   "weighted_tokens": ledger.weighted_tokens, "rollouts_generated": ledger.samples},
@@ -205,16 +246,9 @@ def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPa
         data_sha256={"train": sha256_file(paths.data_dir / "train.jsonl"), **source_checksums(paths.data_dir)})
     record["precision"] = trainer.precision_in_use()
     record["collective_timeout_s"] = live_collective_timeout_s()
-    from harness.train.trl.settings import reward_scoring_workers
-    from harness.train.trl.vllm import colocated_kv_cache
-
     record["vllm_kv_cache"] = colocated_kv_cache(trainer)
-
     record["reward_scoring_workers"] = (reward_scoring_workers(resolved.preset.train)
                                         if resolved.preset.train.reward == "math_verify" else None)
-    record["warmstart_sha256"] = warmstart_digest
-    record["digests"] = asdict(trainer.accounting.digests)  # `harness verify` replays against these
-    write_json_atomic(run_dir / "run.json", record)
     return record
 
 
