@@ -20,6 +20,8 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config.loading import load_method, resolve
@@ -475,156 +477,167 @@ def _subcommand(sub, name: str, summary: str, description: str) -> argparse.Argu
                           formatter_class=SubcommandHelpFormatter)
 
 
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``summary`` is its line in ``harness --help``; ``description`` heads its own help and names
+    the document of its formats; ``sweep``: it takes ``--sweep`` and ``--set``; ``arguments``: its own, as
+    ``arg(...)`` gives them (``add_argument``'s parameters)."""
+
+    name: str
+    summary: str
+    description: str
+    func: Callable[[argparse.Namespace], None]
+    sweep: bool = True
+    arguments: tuple[tuple[tuple, dict], ...] = ()
+
+
+def arg(*flags: str, **options) -> tuple[tuple, dict]:
+    return flags, options
+
+
+COMMANDS = (
+    Command("data", "write the sweep's data folder",
+            "train.jsonl (synthetic, a shipped JSONL after its checksum is verified, or a hub dataset at its "
+            "pinned commit) and, with synthetic data, the benchmark splits, with SHA256SUMS (the `data` keys: "
+            "docs/config-reference.md).",
+            cmd_data, sweep=True),
+    Command("warmstart", "build the starting policy once per sweep",
+            "Supervised warm start of the preset's model (docs/reproducibility.md).",
+            cmd_warmstart, sweep=True),
+    Command("train", "train one label with one seed under the budget",
+            "Writes runs/<label>/seed<N>/: run.json, metrics.jsonl and a checkpoint at each budget fraction "
+            "(README.md, 'Reading the results'; budgets: docs/budgets.md; the step: docs/protocol.md).",
+            cmd_train, sweep=True, arguments=(
+                arg("--method", required=True, help="method label: configs/method/<label>.yaml"),
+                arg("--seed", type=int, required=True),
+            )),
+    Command("fetch", "save a released checkpoint as an eval-only run",
+            "A label whose config names a `checkpoint:` is fetched instead of trained (docs/cluster.md, the "
+            "published-checkpoints sweep).",
+            cmd_fetch, sweep=True, arguments=(
+                arg("--method", required=True, help="method label whose config names a checkpoint"),
+                arg("--seed", type=int, required=True),
+            )),
+    Command("eval", "evaluate a run's checkpoints on the benchmarks",
+            "Writes eval/<label>/seed<N>/<ckpt>/<bench>/results.json and samples.jsonl (README.md, 'Reading "
+            "the results'; the protocol: docs/protocol.md).",
+            cmd_eval, sweep=True, arguments=(
+                arg("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'"),
+                arg("--label", default="warmstart", help="method label of the run (or 'warmstart')"),
+                arg("--seed", default="0"),
+                arg("--ckpt", nargs="+", default=["ckpt-100"],
+                    help="checkpoint names of the run (ckpt-050 ckpt-100 ...), evaluated in this order in one process"),
+                arg("--model-dir", help="evaluate this model directory instead of a run's checkpoint (one --ckpt)"),
+                arg("--out", help="output directory, one sub-directory per benchmark, under one per checkpoint when "
+                                  "there are several (default: the sweep's paths)"),
+            )),
+    Command("report", "write a sweep's leaderboard and report.html",
+            "Writes leaderboard.md, .csv, .json, leaderboard_runs.csv, report.html and figures/ (columns: "
+            "README.md, 'Reading the results'; intervals and verdicts: docs/statistics.md).",
+            cmd_report, sweep=True),
+    Command("summarize", "one page across sweeps: Δ forest plot, claims",
+            "Reads each sweep result folder's leaderboard.json (and lists what a partial sweep lacks); writes "
+            "summary.md, summary.html, summary.json and forest.png/.svg (docs/statistics.md, 'Across "
+            "sweeps').",
+            cmd_summarize, sweep=False, arguments=(
+                arg("folders", nargs="+", metavar="FOLDER", help="sweep result folders, e.g. results/example"),
+                arg("--out", default="results/summary", help="output folder (default: %(default)s)"),
+            )),
+    Command("plan", "job counts and GPU-hours of a sweep",
+            "From its budget and resources, before anything runs (docs/cluster.md; the cost model: "
+            "docs/performance.md).",
+            cmd_plan, sweep=True),
+    Command("power", "seeds needed to detect an effect, from a pilot",
+            "The seeds (and GPU-hours) a claim needs, from a finished pilot sweep (docs/statistics.md, "
+            "'harness power').",
+            cmd_power, sweep=True, arguments=(
+                arg("--pilot", help="a finished sweep's results folder (default: this sweep's), e.g. results/example"),
+                arg("--pair", action="append", metavar="LABEL,BASELINE",
+                    help="difference to size (repeatable; default: an A/A pair pooled over all labels, and the pilot's "
+                         "own A/A pairs)"),
+                arg("--effect", type=float, action="append", metavar="POINTS",
+                    help="effect to detect, in points (repeatable; default: the claims of "
+                         "configs/reported/<sweep>.yaml, else 2)"),
+            )),
+    Command("calibrate", "the preset's A/A training noise",
+            "From the baseline's calibration seeds, which `snakemake calibrate` runs first; writes "
+            "configs/calibration/<preset>.json (docs/statistics.md, 'The A/A calibration of a preset').",
+            cmd_calibrate, sweep=True, arguments=(
+                arg("--seeds", type=int, default=8, help="seeds 0..N-1 of the baseline (default: %(default)s)"),
+                arg("--out", help="output JSON (default: configs/calibration/<preset>.json)"),
+            )),
+    Command("extend-seeds", "the next stage of seeds for claims still open",
+            "Group-sequential stages: decides the claims this stage settles and writes the next stage's sweep "
+            "for the labels still open (docs/statistics.md, 'harness extend-seeds').",
+            cmd_extend_seeds, sweep=True, arguments=(
+                arg("--first", type=int, required=True, help="seeds of the first stage"),
+                arg("--add", type=int, required=True, help="seeds added per stage"),
+                arg("--max-seeds", type=int, required=True, help="seeds of the last stage"),
+                arg("--out", help="the next stage's sweep file (default: results/<sweep>/stage-<seeds>-seeds.yaml)"),
+            )),
+    Command("rehearse", "run a paper sweep's DAG at CPU scale, check it",
+            "The sweep's own DAG, launcher, precision, loss and evaluation at CPU scale, with a kill and "
+            "resume (docs/cluster.md, 'Rehearse first').",
+            cmd_rehearse, sweep=False, arguments=(
+                arg("sweeps", nargs="+", help="paper sweep files, e.g. configs/sweeps/paper-ktae.yaml"),
+                arg("--out", default="results/rehearsal", help="results folder of the rehearsals (default: "
+                                                               "%(default)s)"),
+                arg("--cores", type=int, default=2, help="snakemake --cores (default: %(default)s)"),
+                arg("--mode", choices=("cpu", "vllm-cpu", "cuda"), default="cpu",
+                    help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
+                         "in one training process; cuda: one GPU with the preset's colocated vLLM"),
+            )),
+    Command("verify", "replay a recorded run's first steps here",
+            "Reports the first divergence or bit-identical; exit status 1 when it diverges "
+            "(docs/reproducibility.md, 'Checking a result on your own machine').",
+            cmd_verify, sweep=False, arguments=(
+                arg("run", help="a run folder holding run.json and metrics.jsonl, e.g. "
+                                "results/example/runs/uniform/seed0"),
+                arg("--steps", type=int, default=8, help="optimizer steps to replay (default: %(default)s, all the "
+                                                         "steps a run records digests of)"),
+                arg("--out", default="results/verify", help="where the data, warm start and replay are built "
+                                                            "(reused by later verifications; default: %(default)s)"),
+            )),
+    Command("progress", "a sweep's training jobs: done, running, ETA",
+            "Done, running (budget %, step, ETA) or pending (docs/reproducibility.md, 'Progress of a "
+            "running sweep').",
+            cmd_progress, sweep=True),
+    Command("prefetch", "download a sweep's hub models and data for offline jobs",
+            "On a node with hub access (the login node): every model, tokenizer, dataset and released "
+            "checkpoint of the sweep at its pinned revision into the hub cache (HF_HUB_CACHE), with the commit "
+            "each resolved to and, for an unpinned one, the line that pins it; the jobs then run with "
+            "HF_HUB_OFFLINE=1 (docs/cluster.md, 'Login node and compute nodes').",
+            cmd_prefetch, sweep=True),
+    Command("inspect", "a method's token weights on a batch file",
+            "Runs the method's hooks on a batch and writes its weights (the batch format: docs/inspect.md).",
+            cmd_inspect, sweep=False, arguments=(
+                arg("method", help="method label (configs/method/<label>.yaml) or registered name"),
+                arg("--batch", required=True, help="input batch JSON (format: docs/inspect.md)"),
+                arg("--out", required=True, help="output JSON"),
+                arg("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a method Config field (rho=0.1) or a step setting (ctx.aggregation=...)"),
+            )),
+    Command("new-method", "scaffold a new method, its config and test",
+            "Writes methods/<name>.py, configs/method/<name>.yaml and tests/methods/test_<name>.py "
+            "(README.md, 'Adding a method'; docs/methods.md).",
+            cmd_new_method, sweep=False, arguments=(
+                arg("name"),
+            )),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action=VersionAction, help="print the package version and git commit, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-
-    p = _subcommand(sub, "data", "write the sweep's data folder",
-                    "train.jsonl (synthetic, a shipped JSONL after its checksum is verified, or a hub dataset at its "
-                    "pinned commit) and, with synthetic data, the benchmark splits, with SHA256SUMS (the `data` keys: "
-                    "docs/config-reference.md).")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_data)
-
-    p = _subcommand(sub, "warmstart", "build the starting policy once per sweep",
-                    "Supervised warm start of the preset's model (docs/reproducibility.md).")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_warmstart)
-
-    p = _subcommand(sub, "train", "train one label with one seed under the budget",
-                    "Writes runs/<label>/seed<N>/: run.json, metrics.jsonl and a checkpoint at each budget fraction "
-                    "(README.md, 'Reading the results'; budgets: docs/budgets.md; the step: docs/protocol.md).")
-    _sweep_args(p)
-    p.add_argument("--method", required=True, help="method label: configs/method/<label>.yaml")
-    p.add_argument("--seed", type=int, required=True)
-    p.set_defaults(func=cmd_train)
-
-    p = _subcommand(sub, "fetch", "save a released checkpoint as an eval-only run",
-                    "A label whose config names a `checkpoint:` is fetched instead of trained (docs/cluster.md, the "
-                    "published-checkpoints sweep).")
-    _sweep_args(p)
-    p.add_argument("--method", required=True, help="method label whose config names a checkpoint")
-    p.add_argument("--seed", type=int, required=True)
-    p.set_defaults(func=cmd_fetch)
-
-    p = _subcommand(sub, "eval", "evaluate a run's checkpoints on the benchmarks",
-                    "Writes eval/<label>/seed<N>/<ckpt>/<bench>/results.json and samples.jsonl (README.md, 'Reading "
-                    "the results'; the protocol: docs/protocol.md).")
-    _sweep_args(p)
-    p.add_argument("--bench", nargs="+", default=["all"], help="benchmark names of the preset, or 'all'")
-    p.add_argument("--label", default="warmstart", help="method label of the run (or 'warmstart')")
-    p.add_argument("--seed", default="0")
-    p.add_argument("--ckpt", nargs="+", default=["ckpt-100"],
-                   help="checkpoint names of the run (ckpt-050 ckpt-100 ...), evaluated in this order in one process")
-    p.add_argument("--model-dir", help="evaluate this model directory instead of a run's checkpoint (one --ckpt)")
-    p.add_argument("--out", help="output directory, one sub-directory per benchmark, under one per checkpoint when "
-                                 "there are several (default: the sweep's paths)")
-    p.set_defaults(func=cmd_eval)
-
-    p = _subcommand(sub, "report", "write a sweep's leaderboard and report.html",
-                    "Writes leaderboard.md, .csv, .json, leaderboard_runs.csv, report.html and figures/ (columns: "
-                    "README.md, 'Reading the results'; intervals and verdicts: docs/statistics.md).")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_report)
-
-    p = _subcommand(sub, "summarize", "one page across sweeps: Δ forest plot, claims",
-                    "Reads each sweep result folder's leaderboard.json (and lists what a partial sweep lacks); writes "
-                    "summary.md, summary.html, summary.json and forest.png/.svg (docs/statistics.md, 'Across "
-                    "sweeps').")
-    p.add_argument("folders", nargs="+", metavar="FOLDER", help="sweep result folders, e.g. results/example")
-    p.add_argument("--out", default="results/summary", help="output folder (default: %(default)s)")
-    p.set_defaults(func=cmd_summarize)
-
-    p = _subcommand(sub, "plan", "job counts and GPU-hours of a sweep",
-                    "From its budget and resources, before anything runs (docs/cluster.md; the cost model: "
-                    "docs/performance.md).")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_plan)
-
-    p = _subcommand(sub, "power", "seeds needed to detect an effect, from a pilot",
-                    "The seeds (and GPU-hours) a claim needs, from a finished pilot sweep (docs/statistics.md, "
-                    "'harness power').")
-    _sweep_args(p)
-    p.add_argument("--pilot", help="a finished sweep's results folder (default: this sweep's), e.g. results/example")
-    p.add_argument("--pair", action="append", metavar="LABEL,BASELINE",
-                   help="difference to size (repeatable; default: an A/A pair pooled over all labels, and the pilot's "
-                        "own A/A pairs)")
-    p.add_argument("--effect", type=float, action="append", metavar="POINTS",
-                   help="effect to detect, in points (repeatable; default: the claims of "
-                        "configs/reported/<sweep>.yaml, else 2)")
-    p.set_defaults(func=cmd_power)
-
-    p = _subcommand(sub, "calibrate", "the preset's A/A training noise",
-                    "From the baseline's calibration seeds, which `snakemake calibrate` runs first; writes "
-                    "configs/calibration/<preset>.json (docs/statistics.md, 'The A/A calibration of a preset').")
-    _sweep_args(p)
-    p.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 of the baseline (default: %(default)s)")
-    p.add_argument("--out", help="output JSON (default: configs/calibration/<preset>.json)")
-    p.set_defaults(func=cmd_calibrate)
-
-    p = _subcommand(sub, "extend-seeds", "the next stage of seeds for claims still open",
-                    "Group-sequential stages: decides the claims this stage settles and writes the next stage's sweep "
-                    "for the labels still open (docs/statistics.md, 'harness extend-seeds').")
-    _sweep_args(p)
-    p.add_argument("--first", type=int, required=True, help="seeds of the first stage")
-    p.add_argument("--add", type=int, required=True, help="seeds added per stage")
-    p.add_argument("--max-seeds", type=int, required=True, help="seeds of the last stage")
-    p.add_argument("--out", help="the next stage's sweep file (default: results/<sweep>/stage-<seeds>-seeds.yaml)")
-    p.set_defaults(func=cmd_extend_seeds)
-
-    p = _subcommand(sub, "rehearse", "run a paper sweep's DAG at CPU scale, check it",
-                    "The sweep's own DAG, launcher, precision, loss and evaluation at CPU scale, with a kill and "
-                    "resume (docs/cluster.md, 'Rehearse first').")
-    p.add_argument("sweeps", nargs="+", help="paper sweep files, e.g. configs/sweeps/paper-ktae.yaml")
-    p.add_argument("--out", default="results/rehearsal", help="results folder of the rehearsals (default: "
-                                                              "%(default)s)")
-    p.add_argument("--cores", type=int, default=2, help="snakemake --cores (default: %(default)s)")
-    p.add_argument("--mode", choices=("cpu", "vllm-cpu", "cuda"), default="cpu",
-                   help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
-                        "in one training process; cuda: one GPU with the preset's colocated vLLM")
-    p.set_defaults(func=cmd_rehearse)
-
-    p = _subcommand(sub, "verify", "replay a recorded run's first steps here",
-                    "Reports the first divergence or bit-identical; exit status 1 when it diverges "
-                    "(docs/reproducibility.md, 'Checking a result on your own machine').")
-    p.add_argument("run", help="a run folder holding run.json and metrics.jsonl, e.g. "
-                               "results/example/runs/uniform/seed0")
-    p.add_argument("--steps", type=int, default=8, help="optimizer steps to replay (default: %(default)s, all the "
-                                                      "steps a run records digests of)")
-    p.add_argument("--out", default="results/verify", help="where the data, warm start and replay are built "
-                                                           "(reused by later verifications; default: %(default)s)")
-    p.set_defaults(func=cmd_verify)
-
-    p = _subcommand(sub, "progress", "a sweep's training jobs: done, running, ETA",
-                    "Done, running (budget %, step, ETA) or pending (docs/reproducibility.md, 'Progress of a "
-                    "running sweep').")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_progress)
-
-    p = _subcommand(sub, "prefetch", "download a sweep's hub models and data for offline jobs",
-                    "On a node with hub access (the login node): every model, tokenizer, dataset and released "
-                    "checkpoint of the sweep at its pinned revision into the hub cache (HF_HUB_CACHE), with the commit "
-                    "each resolved to and, for an unpinned one, the line that pins it; the jobs then run with "
-                    "HF_HUB_OFFLINE=1 (docs/cluster.md, 'Login node and compute nodes').")
-    _sweep_args(p)
-    p.set_defaults(func=cmd_prefetch)
-
-    p = _subcommand(sub, "inspect", "a method's token weights on a batch file",
-                    "Runs the method's hooks on a batch and writes its weights (the batch format: docs/inspect.md).")
-    p.add_argument("method", help="method label (configs/method/<label>.yaml) or registered name")
-    p.add_argument("--batch", required=True, help="input batch JSON (format: docs/inspect.md)")
-    p.add_argument("--out", required=True, help="output JSON")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a method Config field (rho=0.1) or a step setting (ctx.aggregation=...)")
-    p.set_defaults(func=cmd_inspect)
-
-    p = _subcommand(sub, "new-method", "scaffold a new method, its config and test",
-                    "Writes methods/<name>.py, configs/method/<name>.yaml and tests/methods/test_<name>.py "
-                    "(README.md, 'Adding a method'; docs/methods.md).")
-    p.add_argument("name")
-    p.set_defaults(func=cmd_new_method)
+    for command in COMMANDS:
+        p = _subcommand(sub, command.name, command.summary, command.description)
+        if command.sweep:
+            _sweep_args(p)
+        for flags, options in command.arguments:
+            p.add_argument(*flags, **options)
+        p.set_defaults(func=command.func)
     return parser
 
 
