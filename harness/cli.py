@@ -317,21 +317,15 @@ def cmd_power(args) -> None:
 
 def cmd_calibrate(args) -> None:
     from harness.config.paths import checkpoint_name
-    from harness.data.files import read_jsonl, write_json_atomic
+    from harness.data.files import write_json_atomic
     from harness.report.calibration import calibration_file, calibration_summary
-    from harness.report.evidence import BASELINE_METHOD
-    from harness.report.scores import per_problem_scores, score_matrix
+    from harness.report.evidence import BASELINE_METHOD, baseline_scores
 
     resolved, paths = _resolve(args)
     preset = resolved.preset
     ckpt = checkpoint_name(max(preset.train.budget.checkpoint_fractions))
     seeds = list(range(args.seeds))
-    scores = {}
-    for bench in sorted(preset.eval.benchmarks):
-        per_seed = [per_problem_scores(read_jsonl(paths.samples_file(BASELINE_METHOD, s, ckpt, bench), required=()))
-                    for s in seeds]
-        common = sorted(set.intersection(*(set(p) for p in per_seed)))
-        scores[bench] = score_matrix(per_seed, common)
+    scores = baseline_scores(resolved, paths, seeds, ckpt)
     record = calibration_summary(scores, preset.name, BASELINE_METHOD, seeds, ckpt, avg_at(preset.eval.k))
     path = write_json_atomic(Path(args.out) if args.out else calibration_file(preset.name), record)
     print(f"wrote {path}: " + ", ".join(f"{scope} training-noise sd {100 * n['variance'] ** 0.5:.2f} pts "
@@ -339,16 +333,9 @@ def cmd_calibrate(args) -> None:
 
 
 def cmd_extend_seeds(args) -> None:
-    import yaml
-
     from harness.config.loading import dump_yaml
     from harness.data.files import write_text_atomic
-    from harness.report.calibration import calibration_file
-    from harness.report.evidence import read_sweep
-    from harness.report.leaderboard import with_calibration
-    from harness.report.reported import load_reported
-    from harness.report.sequential import look, stage_seeds
-    from harness.report.summary import claim_verdicts
+    from harness.report.sequential import next_stage
 
     # the next stage's file is this sweep YAML with other labels and seeds: what it does not hold would be lost
     if is_snapshot(args.sweep) or args.overrides:
@@ -357,23 +344,18 @@ def cmd_extend_seeds(args) -> None:
         raise ConfigError(f"extend-seeds writes the next stage from the sweep YAML as written: pass that file, not "
                           f"{given.strip()} (put overrides in the YAML)")
     resolved, paths = _resolve(args)
-    evidence = with_calibration(read_sweep(resolved, paths), calibration_file(resolved.preset.name))
-    reported = load_reported(CONFIG_DIR / "reported" / f"{resolved.sweep.name}.yaml")
-    schedule = stage_seeds(args.first, args.add, args.max_seeds)
-    result = look(claim_verdicts(evidence, reported), len(evidence.seeds), schedule)
-    print(f"look at {result.n_seeds} seeds of the schedule {schedule}: nominal one-sided level {result.level:.2e} "
-          f"per test")
+    stage = next_stage(resolved, paths, Path(args.sweep), args.first, args.add, args.max_seeds)
+    result = stage.look
+    print(f"look at {result.n_seeds} seeds of the schedule {stage.schedule}: nominal one-sided level "
+          f"{result.level:.2e} per test")
     for v in result.decided:
         print(f"  decided: {v.claim.describe()}: {v.verdict} ({v.reason})")
-    if result.next_seeds is None or not result.open_labels:
+    if stage.sweep is None:
         print("no stage to add: " + ("the last look" if result.next_seeds is None else "every claim is decided"))
         return
-    # the sweep file as written, only its labels and seeds changed: the runs it shares keep their paths
-    methods = [label for label in resolved.sweep.methods if label in result.open_labels]
-    sweep = {**yaml.safe_load(Path(args.sweep).read_text(encoding="utf-8")), "methods": methods,
-             "seeds": list(range(result.next_seeds))}
     out = Path(args.out) if args.out else paths.root / f"stage-{result.next_seeds}-seeds.yaml"
-    write_text_atomic(out, dump_yaml(sweep))
+    write_text_atomic(out, dump_yaml(stage.sweep))
+    methods = stage.sweep["methods"]
     print(f"wrote {out}: {methods} with seeds 0..{result.next_seeds - 1}; run it with\n"
           f"  snakemake --cores all --configfile {out}\nthen `harness extend-seeds --sweep {out} --first {args.first} "
           f"--add {args.add} --max-seeds {args.max_seeds}` for the next look")

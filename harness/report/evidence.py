@@ -250,3 +250,15 @@ def _run_row(evidence: Evidence, label: str, seed: int, ckpt: str, bench: str, p
     row.update({f"spent/{key}": value for key, value in spent_at(evidence, label, seed, ckpt).items()})
     row["results_file"] = str(paths.results_file(label, seed, ckpt, bench).relative_to(paths.root))
     return row
+
+
+def baseline_scores(resolved: Resolved, paths: SweepPaths, seeds: list[int], ckpt: str) -> dict[str, np.ndarray]:
+    """The baseline's per-problem sampled scores of ``seeds`` at ``ckpt``, one (seeds, problems) matrix per
+    benchmark over the problems every seed scored: what ``harness calibrate`` sizes the preset's A/A noise from."""
+    scores = {}
+    for bench in sorted(resolved.preset.eval.benchmarks):
+        per_seed = [per_problem_scores(read_jsonl(paths.samples_file(BASELINE_METHOD, s, ckpt, bench), required=()))
+                    for s in seeds]
+        common = sorted(set.intersection(*(set(p) for p in per_seed)))
+        scores[bench] = score_matrix(per_seed, common)
+    return scores
