@@ -48,7 +48,8 @@ def build_variant(variant: str, preset: str, args, progress: float | None, optio
     import torch
 
     from harness.config.loading import load_method
-    from harness.train.run import build_plain_trainer, build_trainer
+    from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import build_plain_trainer
 
     options = OPTIONS if options is None else options
     label, _, option = variant.partition("+")
@@ -151,7 +152,7 @@ def run_block(variant: Variant, block: int, steps: int) -> None:
     """``steps`` optimizer steps of one variant from the warm start, on the prompts of ``block``."""
     import torch
 
-    from harness.train.run import set_budget_progress, train_steps
+    from harness.train.trl.bench_probes import set_budget_progress, train_steps
 
     trainer = variant.trainer
     with torch.no_grad():

@@ -22,8 +22,8 @@ def test_bench_reads_no_trainer_private():
 
 
 def test_build_trainer_is_the_run_and_steps_again_at_a_set_progress(tiny_sweep, tmp_path):
-    from harness.train.run import build_trainer, set_budget_progress, train_steps
-    from harness.train.trl.bench_probes import PhaseProbe, sampling_settings
+    from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import PhaseProbe, sampling_settings, set_budget_progress, train_steps
 
     overrides, paths = tiny_sweep
     resolved = resolve({"name": "tiny", "preset": "tiny"}, [*overrides, "train.budget.amount=1000"])

@@ -312,7 +312,8 @@ def sync_probe(sweep_file: str, out_file: str) -> None:
     from harness.config.loading import load_method, resolve
     from harness.config.paths import SweepPaths
     from harness.data.prepare import training_rows
-    from harness.train.run import build_trainer, train_steps
+    from harness.train.run import build_trainer
+    from harness.train.trl.bench_probes import train_steps
     from harness.train.trl.patches import frozen_copy
 
     resolved = resolve(sweep_file, VLLM_ROLLOUTS[1::2])

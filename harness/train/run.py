@@ -88,42 +88,6 @@ def build_trainer(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepP
     return trainer
 
 
-def build_plain_trainer(resolved: Resolved, paths: SweepPaths, seed: int, run_dir: Path):
-    """TRL's own ``GRPOTrainer`` on what ``build_trainer`` gives a run of seed ``seed``: the warm start, the prompts
-    in the same order, the reward and TRL's settings (``harness.train.trl.bench_probes.plain_grpo_trainer``:
-    DAPO loss, no KL). No budget: it stops at ``args.max_steps``. The reference a harness step is timed against in
-    bench/."""
-    from transformers import set_seed
-
-    from harness.train.trl.bench_probes import plain_grpo_trainer
-
-    preset = resolved.preset
-    apply_cpu_kernels(preset.cpu_kernels)
-    torch.set_num_threads(preset.train.threads)
-    set_seed(seed)
-    model, tokenizer = load_policy(paths.warmstart_dir, preset.train.master_dtype)
-    dataset = training_dataset(resolved, paths, tokenizer, seed)
-    return plain_grpo_trainer(model, tokenizer, dataset, reward_functions(preset), preset, run_dir, seed)
-
-
-def train_steps(trainer, steps: int, data_seed: int) -> None:
-    """``steps`` more optimizer steps of ``trainer`` from its current weights and optimizer state, on the prompts
-    that ``data_seed`` draws: ``Trainer.train()`` again with a fresh step count (``max_steps = steps``) and a fresh
-    learning-rate schedule. For benchmarks; a run trains once, in ``run_training``."""
-    trainer.args.seed = trainer.args.data_seed = data_seed
-    trainer.args.max_steps = steps
-    trainer.train()
-
-
-def set_budget_progress(trainer, fraction: float) -> None:
-    """Put a trainer whose budget counts steps at ``fraction`` of its budget: the ``StepContext.progress`` that
-    schedules read (D3S) is then ``fraction`` (plus one step per step taken), as at that point of a run."""
-    budget = trainer.preset.train.budget
-    if budget.kind != "steps":
-        raise ValueError(f"set_budget_progress needs train.budget.kind=steps, not {budget.kind!r}")
-    trainer.ledger.steps = round(fraction * budget.amount)
-
-
 def run_training(resolved: Resolved, spec: MethodSpec, seed: int, paths: SweepPaths) -> dict | None:
     """Train ``spec`` from the warm start until the budget is spent; write the budget checkpoints,
     metrics.jsonl and run.json. With ``train.save_every_steps`` the run resumes from its last trainer

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from trl import GRPOTrainer
 
-from harness.config.schema import PresetConfig
+from harness.config.paths import SweepPaths
+from harness.config.schema import PresetConfig, Resolved
 from harness.train.hooks import new_rollout_batch, prepare_batch
 from harness.train.rollout_inputs import reduced_inputs
 from harness.train.trl.settings import grpo_config
@@ -100,3 +101,41 @@ def trl_fused_log_probs(hidden: torch.Tensor, lm_head_weight: torch.Tensor, targ
 
     return ChunkedLogProbFunction.apply(hidden, lm_head_weight, None, targets, 1.0, vocab_chunk, None, 1.0,
                                         ("log_probs", "entropy"))[0]
+
+
+def build_plain_trainer(resolved: Resolved, paths: SweepPaths, seed: int, run_dir: Path):
+    """TRL's own ``GRPOTrainer`` on what ``build_trainer`` gives a run of seed ``seed``: the warm start, the prompts
+    in the same order, the reward and TRL's settings (``plain_grpo_trainer``:
+    DAPO loss, no KL). No budget: it stops at ``args.max_steps``. The reference a harness step is timed against in
+    bench/."""
+    from transformers import set_seed
+
+    from harness.config.kernels import apply_cpu_kernels
+    from harness.model.checkpoints import load_policy
+    from harness.train.run import reward_functions, training_dataset
+
+    preset = resolved.preset
+    apply_cpu_kernels(preset.cpu_kernels)
+    torch.set_num_threads(preset.train.threads)
+    set_seed(seed)
+    model, tokenizer = load_policy(paths.warmstart_dir, preset.train.master_dtype)
+    dataset = training_dataset(resolved, paths, tokenizer, seed)
+    return plain_grpo_trainer(model, tokenizer, dataset, reward_functions(preset), preset, run_dir, seed)
+
+
+def train_steps(trainer, steps: int, data_seed: int) -> None:
+    """``steps`` more optimizer steps of ``trainer`` from its current weights and optimizer state, on the prompts
+    that ``data_seed`` draws: ``Trainer.train()`` again with a fresh step count (``max_steps = steps``) and a fresh
+    learning-rate schedule. For benchmarks; a run trains once, in ``harness.train.run.run_training``."""
+    trainer.args.seed = trainer.args.data_seed = data_seed
+    trainer.args.max_steps = steps
+    trainer.train()
+
+
+def set_budget_progress(trainer, fraction: float) -> None:
+    """Put a trainer whose budget counts steps at ``fraction`` of its budget: the ``StepContext.progress`` that
+    schedules read (D3S) is then ``fraction`` (plus one step per step taken), as at that point of a run."""
+    budget = trainer.preset.train.budget
+    if budget.kind != "steps":
+        raise ValueError(f"set_budget_progress needs train.budget.kind=steps, not {budget.kind!r}")
+    trainer.ledger.steps = round(fraction * budget.amount)
