@@ -8,8 +8,8 @@ clipping, optimizer step). The overrides (each a TRL touch point, ``harness.trai
   the method's hooks (``harness.train.hooks.prepare_batch``); dropped rollouts and truncated columns are removed
   here, before any forward pass (``harness.train.rollout_inputs``), then the actor's no-grad passes
   (``Actor.before_updates``: pi_old, pi_ref).
-- ``_prepare_inputs``: several optimizer steps per generation batch take their mini-batches from
-  ``harness.train.actor.update_schedule``; one step per generation batch keeps TRL's own path.
+- ``_prepare_inputs``: every optimizer step takes its mini-batch from ``harness.train.actor.update_schedule``
+  (one mini-batch per generation batch included).
 - ``_compute_loss``: ``Actor.policy_loss``.
 - ``_generate_single_turn``: TRL's ``generate`` call decoded by harness/model/decode.py (``train.fast_decode``).
 - ``_calculate_rewards``: keeps the rewards TRL gathered over the processes, for the advantages.
@@ -145,12 +145,13 @@ class TargetedGRPOTrainer(GRPOTrainer):
     # --- the update loop: TRL's Trainer asks for each optimizer step's inputs ---------------------------------------
 
     def _prepare_inputs(self, generation_batch):
-        """The batch of the next optimizer step. One step per generation batch: TRL's own path. Several: the next
-        mini-batch of ``update_schedule`` (whole prompt groups; TRL 1.16 would shuffle the generation batch by rows
-        and cut it into equal row slices, spreading a group over mini-batches); a new generation batch when the last
-        one's schedule is used up (or after resuming, at a generation boundary)."""
+        """The batch of the next optimizer step: the next mini-batch of ``update_schedule`` (whole prompt groups, in
+        generation order; TRL 1.16 would shuffle the generation batch by rows and cut it into equal row slices,
+        spreading a group over mini-batches); a new generation batch when the last one's schedule is used up (or
+        after resuming, at a generation boundary). Every step goes this way, one step per generation batch too (a
+        schedule of one mini-batch)."""
         train = self.preset.train
-        if not self.model.training or self.actor.updates_per_generation == 1:
+        if not self.model.training:  # TRL's evaluation loop (the harness evaluates checkpoints with lm-eval)
             return super()._prepare_inputs(generation_batch)
         inputs = next(self._updates, None)
         if inputs is not None:
