@@ -335,7 +335,7 @@ def cmd_calibrate(args) -> None:
 def cmd_extend_seeds(args) -> None:
     from harness.config.loading import dump_yaml
     from harness.data.files import write_text_atomic
-    from harness.report.sequential import next_stage
+    from harness.report.stages import next_stage
 
     # the next stage's file is this sweep YAML with other labels and seeds: what it does not hold would be lost
     if is_snapshot(args.sweep) or args.overrides:

@@ -588,7 +588,7 @@ STATISTICS_MODULES = ["scores", "training_noise", "intervals", "bootstrap", "out
 # Each module of harness/report imports only the ones before it (no cycle); a new module takes its place here.
 REPORT_MODULE_ORDER = [*STATISTICS_MODULES, "calibration", "power", "verdicts", "sequential", "evidence", "fidelity",
                        "reported", "plan_power", "summary", "tables", "markdown", "html", "plots", "leaderboard",
-                       "across_sweeps"]
+                       "stages", "across_sweeps"]
 
 
 def imported_modules(path: Path) -> set[str]:
