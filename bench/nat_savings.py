@@ -134,22 +134,21 @@ class Harness:
         self.trainer.preset.train.padding_free = mode != "off"
         self.trainer.preset.train.share_prompts = mode == "on"
 
-    def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> dict:
-        """The loss inputs of ``batch`` under ``variant``'s hooks; another NAT cut in every ``repeat``."""
+    def inputs(self, batch: dict, variant: str, repeat: int, length: int) -> tuple:
+        """The loss inputs (a ``StepBatch``) of ``batch`` under ``variant``'s hooks, and the share of the completion
+        tokens they keep; another NAT cut in every ``repeat``."""
         from harness.train.trl.bench_probes import loss_inputs
 
         trainer = self.trainer
-        trainer.method = self.methods[variant]
+        trainer.actor.method = self.methods[variant]
         trainer.preset.train.max_completion_length = length
         ctx = dataclasses.replace(trainer.step_context(), step=repeat)  # another cut in every repeat
         inputs = loss_inputs(trainer, batch, ctx)
         # share of the completion tokens the loss sees (NAT's method/tokens_kept_frac: its cut drops no rollout)
-        inputs["tokens_kept_frac"] = float(inputs["completion_mask"].sum()) / float(batch["completion_mask"].sum())
-        return inputs
+        return inputs, float(inputs.completion_mask.sum()) / float(batch["completion_mask"].sum())
 
-    def forward_backward(self, inputs: dict) -> dict:
-        inputs = dict(inputs)
-        kept = inputs.pop("tokens_kept_frac")
+    def forward_backward(self, inputs_and_kept: tuple) -> dict:
+        inputs, kept = inputs_and_kept
         ledger = self.trainer.accounting.step_ledger  # what the current step counted (closed at a real step's end)
         positions0, flops0 = ledger.trained_positions, ledger.flops["train"]
         self.model.zero_grad(set_to_none=True)
@@ -160,7 +159,7 @@ class Harness:
         return {"wall_s": timer.wall, "cpu_s": timer.cpu, "saved_bytes": saved.nbytes,
                 "trained_positions": ledger.trained_positions - positions0,
                 "train_flops": ledger.flops["train"] - flops0, "loss": float(loss.detach()),
-                "tokens_kept_frac": kept, "completion_width": int(inputs["completion_ids"].shape[1])}
+                "tokens_kept_frac": kept, "completion_width": int(inputs.completion_ids.shape[1])}
 
 
 class SavedForBackward:

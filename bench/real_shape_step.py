@@ -12,8 +12,8 @@ assumption) and a full ``max_completion_length`` completion, rewards alternating
 ``num_generations`` (so the uniform baseline keeps and weighs every token). Default rows: 2 x
 ``train.backward_chunk_rows`` (the chunked backward runs two chunks).
 
-Each step is the harness's own update path, one process: the method's ``prepare_batch`` and ``reduced_inputs``
-(harness/train/hooks.py, harness/train/rollout_inputs.py), the ``Actor`` (harness/train/actor.py) with the preset's
+Each step is the harness's own update path, one process: the method's ``prepare_batch`` and ``StepBatch.kept``
+(harness/train/hooks.py, harness/train/step_batch.py), the ``Actor`` (harness/train/actor.py) with the preset's
 forward/backward row chunks, statistics chunk and padding-free packing: ``before_updates`` (pi_old, when the preset
 takes several updates per generation batch, once, as the trainer does), ``policy_loss`` + backward, gradient
 clipping (``train.max_grad_norm``) and fused AdamW (transformers' default ``adamw_torch_fused``; the preset's lr
@@ -209,12 +209,12 @@ def build_model(arch, train, device):
     return model
 
 
-def synthetic_inputs(method, shapes: Shapes, rows: int, ctx, device) -> dict:
-    """The reduced batch of ``rows`` rollouts of the longest shape (module docstring), on ``device``."""
+def synthetic_inputs(method, shapes: Shapes, rows: int, ctx, device):
+    """The kept ``StepBatch`` of ``rows`` rollouts of the longest shape (module docstring), on ``device``."""
     import torch
 
     from harness.train.hooks import new_rollout_batch, prepare_batch
-    from harness.train.rollout_inputs import reduced_inputs
+    from harness.train.step_batch import StepBatch
 
     g = torch.Generator().manual_seed(1)
     vocab, train = shapes.arch.vocab_size, shapes.train
@@ -226,7 +226,7 @@ def synthetic_inputs(method, shapes: Shapes, rows: int, ctx, device) -> dict:
     batch = new_rollout_batch(completion_ids, mask, rewards, group, train.scale_rewards)
     out = {"prompt_ids": prompt_ids.to(device), "prompt_mask": torch.ones_like(prompt_ids).to(device),
            "completion_ids": completion_ids.to(device), "completion_mask": mask.long().to(device)}
-    return reduced_inputs(out, prepare_batch(method, batch, ctx), device)
+    return StepBatch.kept(out, prepare_batch(method, batch, ctx), device)
 
 
 def fingerprints(model) -> list[float]:
@@ -266,7 +266,7 @@ class Memory:
         return {"peak_rss_bytes": hwm_bytes()}
 
 
-def run_steps(model, actor, optimizer, inputs: dict, contexts: list, train, memory: Memory) -> list[dict]:
+def run_steps(model, actor, optimizer, inputs, contexts: list, train, memory: Memory) -> list[dict]:
     """``len(contexts)`` optimizer steps on ``inputs``; each step's seconds, peak and loss. pi_old (several
     updates per generation batch) once, in the first step, as the trainer runs it per generation batch."""
     import torch

@@ -59,7 +59,7 @@ def main(model_dir: Path, out: Path) -> None:
         return generate(inputs)
 
     def recording_loss(model, inputs):
-        rows = zip(inputs["prompt_ids"].tolist(), inputs["prompt_mask"].tolist(), strict=True)
+        rows = zip(inputs.prompt_ids.tolist(), inputs.prompt_mask.tolist(), strict=True)
         trained.extend(tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m]) for ids, mask in rows)
         return compute_loss(model, inputs)
 

@@ -15,7 +15,6 @@ from harness.config.loading import load_method, resolve
 from harness.config.schema import ConfigError, PresetConfig
 from harness.train.budget import ModelShape
 from harness.train.dynamic_sampling import GroupCollector, PromptStream, concat_rollouts, groups_with_signal
-from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX
 from harness.train.run import run_training
 
 SWEEPS = Path(__file__).resolve().parent.parent / "configs" / "sweeps"
@@ -43,11 +42,11 @@ def make_trainer(model_dir, tmp_path, prompts=PROMPTS, method="uniform", **train
     return build_grpo_trainer(model_dir, tmp_path, preset, prompts, [mixed_reward], method)
 
 
-def record_trained_batches(trainer) -> list[dict]:
+def record_trained_batches(trainer) -> list:
     seen, policy_loss = [], trainer.actor.policy_loss
 
     def recording(model, inputs, ctx):
-        seen.append({k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+        seen.append(inputs)  # a StepBatch: its tensors are not changed in place
         return policy_loss(model, inputs, ctx)
 
     trainer.actor.policy_loss = recording
@@ -256,7 +255,7 @@ def test_no_trained_mini_batch_holds_a_group_without_signal(tiny_model_dir, tmp_
     trainer.train()
     assert len(seen) == trainer.args.max_steps
     for inputs in seen:
-        rewards, groups = inputs[f"{ROLLOUT_KEY_PREFIX}rewards"], inputs[f"{ROLLOUT_KEY_PREFIX}group_ids"]
+        rewards, groups = inputs.rewards, inputs.group_ids
         for g in groups.unique():
             assert rewards[groups == g].std() > 0
         assert len(groups) == 4 * 2 // settings.get("mini_batches", 1)  # whole mini-batches of whole groups
@@ -306,7 +305,7 @@ def test_rounds_are_capped_and_the_step_says_so(tiny_model_dir, tmp_path, caplog
     assert record["dynamic_sampling/groups_generated"] == 12 and record["dynamic_sampling/groups_filled"] == 4
     assert record["dynamic_sampling/groups_kept"] == 0
     assert "ran out of its 3 rounds with 0 of 4 groups with signal" in caplog.text
-    assert [len(inputs["completion_ids"]) for inputs in seen] == [4, 4]  # the step keeps its size
+    assert [len(inputs.completion_ids) for inputs in seen] == [4, 4]  # the step keeps its size
 
 
 def test_a_run_logs_dynamic_sampling_and_resumes_with_the_same_prompts(tiny_sweep, monkeypatch):

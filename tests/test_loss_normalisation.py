@@ -27,6 +27,7 @@ from harness.train.micro_batches import (
     micro_batch_count,
     micro_batch_row_scales,
 )
+from harness.train.row_chunks import Sequences
 from methods.base import StepContext, TokenStats, aggregation_row_denominators, aggregation_weights
 from methods.registry import get_method_class
 
@@ -139,8 +140,8 @@ def process_batch(seed, rows, method, ctx):
     result = weigh_tokens(method, stats, prepared, ctx)
     inputs = loss_inputs_for(method, prepared.batch, result, ctx, None, old_logp=None, ref_logp=stats.ref_logp)
     prompt = torch.randint(1, 5, (shape[0],), generator=g)
-    raw = {"prompt_mask": (torch.arange(5)[None, :] < prompt[:, None]).long(),
-           "completion_mask": prepared.batch.completion_mask.long()}
+    prompt_mask = (torch.arange(5)[None, :] < prompt[:, None]).long()
+    raw = Sequences(prompt_mask, prompt_mask, prepared.batch.completion_ids, prepared.batch.completion_mask.long())
     return prepared, result, inputs, features, raw
 
 
@@ -208,7 +209,7 @@ def test_micro_batch_loss_is_verls_over_the_selected_tokens(name):
     prepared, result, inputs, features, raw = process_batch(2, 12, method, ctx)
     actor = fake_actor(method, 1, micro_batch_tokens=12)
     normalised = actor.normalised(inputs, result, prepared.batch, raw, ctx)
-    lengths = (raw["prompt_mask"].sum(1) + raw["completion_mask"].sum(1)).tolist()
+    lengths = (raw.prompt_mask.sum(1) + raw.completion_mask.sum(1)).tolist()
     micro_batches = balanced_micro_batches(lengths, math.ceil(sum(lengths) / 12))
     assert actor.logged["loss/micro_batches"] == len(micro_batches) > 2
     theta = torch.tensor([0.3, -0.2, 0.1], requires_grad=True)
@@ -276,7 +277,7 @@ def test_trainer_step_takes_verls_micro_batch_means(tiny_model_dir, tmp_path, ch
 
     model.zero_grad()
     logp, _ = direct_logp_entropy(model, inputs)
-    per_token = -inputs["advantages"] * torch.exp(logp - logp.detach())
-    verl_micro_batch_loss(per_token, inputs["completion_mask"].float(), [[1, 3], [0], [2]], 4).backward()
+    per_token = -inputs.advantages * torch.exp(logp - logp.detach())
+    verl_micro_batch_loss(per_token, inputs.completion_mask.float(), [[1, 3], [0], [2]], 4).backward()
     for a, b in zip(ours, grads(model), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

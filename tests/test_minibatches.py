@@ -11,8 +11,8 @@ from harness.config.launch import per_device_rollouts
 from harness.config.loading import resolve
 from harness.config.schema import ConfigError, PresetConfig, TrainConfig
 from harness.model.checkpoints import load_policy
-from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX
 from harness.train.row_chunks import split_by_prompt_groups
+from harness.train.step_batch import StepBatch
 from harness.train.trl.settings import grpo_config
 from harness.train.trl.trainer import TargetedGRPOTrainer
 from methods.registry import get_method_class
@@ -47,7 +47,7 @@ def trl_args(preset, tmp_path, loss_type, full_length):
     return args
 
 
-def record_loss_inputs(trainer) -> list[dict]:
+def record_loss_inputs(trainer) -> list:
     """The inputs of every optimizer step's loss, appended to the returned list as the trainer trains."""
     seen, policy_loss = [], trainer.actor.policy_loss
 
@@ -65,7 +65,8 @@ def run(trainer):
 
     def recording(inputs):
         out = generate(inputs)
-        rollouts.append(out["completion_ids"].clone())
+        ids = out["completion_ids"] if isinstance(out, dict) else out.completion_ids  # TRL's dict; a StepBatch
+        rollouts.append(ids.clone())
         return out
 
     trainer._generate_and_score_completions = recording
@@ -131,21 +132,26 @@ def test_trl_runs_no_forward_of_its_own(tiny_model_dir, tmp_path, monkeypatch):
     assert ledger.flops["old_logp"] > 0 and ledger.flops["train"] == 0
     assert trainer.args.steps_per_generation == 2 and trainer.num_iterations == 2  # restored after generation
     for batch in batches:
-        groups = batch[f"{ROLLOUT_KEY_PREFIX}group_ids"]
-        assert batch[f"{ROLLOUT_KEY_PREFIX}old_logp"].shape == batch["completion_ids"].shape
+        groups = batch.group_ids
+        assert batch.old_logp.shape == batch.completion_ids.shape
         assert groups.tolist() == sorted(groups.tolist()) and len(groups) == 4  # whole groups, generation order
-    assert set(batches[0][f"{ROLLOUT_KEY_PREFIX}group_ids"].tolist()) == {0, 1}
-    assert set(batches[1][f"{ROLLOUT_KEY_PREFIX}group_ids"].tolist()) == {2, 3}
+    assert set(batches[0].group_ids.tolist()) == {0, 1}
+    assert set(batches[1].group_ids.tolist()) == {2, 3}
 
 
 def test_split_by_prompt_groups_keeps_groups_whole_and_in_order():
     # 4 groups of a process, rollouts of group 1 partly dropped and group 2 entirely (D3S-style)
     group_index = torch.tensor([0, 0, 1, 3, 3, 3])
-    batch = {"rows": torch.arange(6), "completion_ids": torch.arange(12).reshape(6, 2), "n": torch.tensor(7)}
+    ids = torch.arange(12).reshape(6, 2)
+    rows = torch.arange(6).float()
+    batch = StepBatch(ids, torch.ones_like(ids), ids, torch.ones_like(ids), advantages=rows[:, None] * ids,
+                      rewards=rows, group_ids=group_index, rollout_advantages=rows, extras={"sample": rows},
+                      old_logp=None, ref_logp=-ids.float())
     first, second = split_by_prompt_groups(batch, group_index, groups=4, parts=2)
-    assert first["rows"].tolist() == [0, 1, 2] and second["rows"].tolist() == [3, 4, 5]
-    assert torch.equal(second["completion_ids"], batch["completion_ids"][3:])
-    assert first["n"] is batch["n"]  # 0-dim tensors are shared
+    assert first.rewards.tolist() == [0, 1, 2] and second.rewards.tolist() == [3, 4, 5]
+    for field in ("completion_ids", "prompt_mask", "advantages", "rollout_advantages", "group_ids", "ref_logp"):
+        assert torch.equal(getattr(second, field), getattr(batch, field)[3:]), field  # every per-row field alike
+    assert second.extras["sample"].tolist() == [3, 4, 5] and second.old_logp is None
     with pytest.raises(ValueError, match="do not divide"):
         split_by_prompt_groups(batch, group_index, groups=4, parts=3)
 
@@ -223,7 +229,7 @@ def test_reference_log_probs_are_computed_once_per_generation_batch(tiny_model_d
     # each step's KL term reads what a reference forward of its own mini-batch gives (what it computed before)
     for inputs in seen:
         expected = trainer.actor.reference_log_probs(inputs)
-        mask = inputs["completion_mask"].bool()
-        torch.testing.assert_close(inputs[f"{ROLLOUT_KEY_PREFIX}ref_logp"][mask], expected[mask])
+        mask = inputs.completion_mask.bool()
+        torch.testing.assert_close(inputs.ref_logp[mask], expected[mask])
     logs = [r for r in trainer.state.log_history if "loss" in r]
     assert logs[0]["kl"] == 0.0 and logs[-1]["kl"] > 0  # pi_theta leaves pi_ref after the first update

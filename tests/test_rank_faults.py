@@ -23,9 +23,9 @@ from harness.model.checkpoints import load_policy
 from harness.train.actor import UNPACKABLE, Actor, NonFiniteLossError, every_process, update_schedule
 from harness.train.budget import ModelShape, StepAccounting
 from harness.train.hooks import new_rollout_batch, prepare_batch
-from harness.train.rollout_inputs import reduced_inputs
+from harness.train.row_chunks import Sequences
+from harness.train.step_batch import StepBatch
 from harness.train.trl.patches import skippable_step
-from harness.train.trl.trainer import TargetedGRPOTrainer
 from methods.base import StepContext
 from methods.uniform import Uniform
 
@@ -107,7 +107,7 @@ def actor_and_inputs(model_dir, processes, method, **train):
     prompt_ids = torch.randint(4, 40, (4, 3), generator=g)
     out = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
            "completion_mask": mask.long()}
-    inputs = reduced_inputs(out, prepare_batch(method, batch, StepContext(max_completion_length=6)),
+    inputs = StepBatch.kept(out, prepare_batch(method, batch, StepContext(max_completion_length=6)),
                             torch.device("cpu"))
     return actor, model, inputs
 
@@ -165,30 +165,30 @@ def test_a_skipped_step_skips_every_step_call_of_the_update():
 
 
 def schedule_batch():
-    """4 rows of 2 prompt groups: group 0 (rows 0, 1) and group 1 (rows 2, 3)."""
-    return {"completion_ids": torch.arange(8).reshape(4, 2), "group": torch.tensor([0, 0, 1, 1])}
+    """4 rows of 2 prompt groups: group 0 (rows 0, 1) and group 1 (rows 2, 3), and each row's group."""
+    ids = torch.arange(8).reshape(4, 2)
+    return Sequences(ids, torch.ones_like(ids), ids, torch.ones_like(ids)), torch.tensor([0, 0, 1, 1])
 
 
 def test_an_empty_mini_batch_on_another_process_raises_on_every_process():
-    batch = schedule_batch()
+    batch, group = schedule_batch()
     theirs = torch.tensor([1.0, 0.0])  # process 1 dropped every rollout of its first mini-batch
     with pytest.raises(ValueError, match=r"mini-batches \[0\] on process 1; lower train.mini_batches=2"):
-        update_schedule(batch, batch["group"], 2, 2, 1, SecondProcess(theirs), 0)
-    parts = list(update_schedule(batch, batch["group"], 2, 2, 1, SecondProcess(torch.zeros(2)), 0))
-    assert [p["completion_ids"].shape[0] for p in parts] == [2, 2]
-    kept = {k: v[2:] for k, v in batch.items()}  # one process that dropped group 0: the message as before
+        update_schedule(batch, group, 2, 2, 1, SecondProcess(theirs), 0)
+    parts = list(update_schedule(batch, group, 2, 2, 1, SecondProcess(torch.zeros(2)), 0))
+    assert [p.completion_ids.shape[0] for p in parts] == [2, 2]
+    kept = batch.rows(torch.tensor([2, 3]))  # one process that dropped group 0: the message as before
     with pytest.raises(ValueError, match=r"^dropped every rollout of mini-batches \[0\]; lower train.mini_batches=2$"):
-        update_schedule(kept, kept["group"], 2, 2, 1, OneProcess(), 0)
+        update_schedule(kept, group[2:], 2, 2, 1, OneProcess(), 0)
 
 
 def test_no_rollout_kept_on_another_process_raises_on_every_process():
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(process_index=0, num_processes=2),
-                              processes=SecondProcess(torch.tensor([1.0])), method=Uniform(),
-                              state=SimpleNamespace(global_step=4))
+    actor = SimpleNamespace(processes=SecondProcess(torch.tensor([1.0])), method=Uniform())
+    ctx = StepContext(step=4, process_index=0)
     with pytest.raises(RuntimeError, match=r"'uniform' kept no rollout or no token in step 4 on processes \[1\];"):
-        TargetedGRPOTrainer._require_kept_tokens(trainer, False)
-    trainer.processes.theirs = torch.tensor([0.0])
-    TargetedGRPOTrainer._require_kept_tokens(trainer, False)
+        Actor._require_kept_tokens(actor, False, ctx)
+    actor.processes.theirs = torch.tensor([0.0])
+    Actor._require_kept_tokens(actor, False, ctx)
 
 
 class UnpackableElsewhere(SecondProcess):
@@ -207,7 +207,7 @@ def test_rows_another_process_cannot_pack_raise_here_before_any_forward(tiny_mod
                                          r"train.padding_free=false"):
         actor.policy_loss(model, inputs, StepContext(max_completion_length=6, process_index=0))
     assert not calls
-    inputs["completion_mask"][0, 2] = 0  # this process's own hole: its count in the message
+    inputs.completion_mask[0, 2] = 0  # this process's own hole: its count in the message
     actor.processes = SecondProcess(torch.zeros(1))
     with pytest.raises(ValueError, match=r"\(1 row\(s\) of this process\)"):
         actor.policy_loss(model, inputs, StepContext(max_completion_length=6, process_index=0))

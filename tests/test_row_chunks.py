@@ -6,16 +6,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.train.row_chunks import RowChunk, chunk_plan, packed_rows, row_chunks, rows_not_packable
+from harness.train.row_chunks import RowChunk, Sequences, chunk_plan, packed_rows, row_chunks, rows_not_packable
 
 
-def batch(prompt_lengths: list[int], completion_lengths: list[int]) -> dict:
+def batch(prompt_lengths: list[int], completion_lengths: list[int]) -> Sequences:
     """Left-padded prompts and right-padded completions of the given lengths."""
     P, T = max(prompt_lengths), max(completion_lengths)
     prompt_mask = torch.tensor([[0] * (P - p) + [1] * p for p in prompt_lengths])
     completion_mask = torch.tensor([[1] * c + [0] * (T - c) for c in completion_lengths])
-    return {"prompt_ids": 5 * prompt_mask, "prompt_mask": prompt_mask,
-            "completion_ids": 7 * completion_mask, "completion_mask": completion_mask}
+    return Sequences(5 * prompt_mask, prompt_mask, 7 * completion_mask, completion_mask)
 
 
 def plan_lists(inputs, rows, tokens=0):
@@ -85,11 +84,11 @@ def test_chunks_of_a_plan_cut_to_their_longest_row():
 
 @pytest.mark.parametrize("edit, unpackable", [
     (None, 0),
-    (lambda b: b["completion_mask"][1].copy_(torch.tensor([1, 0, 1, 0])), 1),  # a hole before the last real token
-    (lambda b: b["prompt_mask"][0].copy_(torch.tensor([1, 0, 1])), 1),  # a hole in a left-padded prompt
-    (lambda b: b["completion_mask"][2].zero_(), 0),  # no completion token: the prompt alone, packable
-    (lambda b: (b["completion_mask"][0].copy_(torch.tensor([0, 1, 1, 0])),
-                b["prompt_mask"][1].copy_(torch.tensor([0, 1, 0]))), 2),
+    (lambda b: b.completion_mask[1].copy_(torch.tensor([1, 0, 1, 0])), 1),  # a hole before the last real token
+    (lambda b: b.prompt_mask[0].copy_(torch.tensor([1, 0, 1])), 1),  # a hole in a left-padded prompt
+    (lambda b: b.completion_mask[2].zero_(), 0),  # no completion token: the prompt alone, packable
+    (lambda b: (b.completion_mask[0].copy_(torch.tensor([0, 1, 1, 0])),
+                b.prompt_mask[1].copy_(torch.tensor([0, 1, 0]))), 2),
 ])
 def test_rows_not_packable_counts_what_packed_rows_refuses(edit, unpackable):
     inputs = batch([3, 2, 1], [4, 3, 2])
@@ -98,10 +97,10 @@ def test_rows_not_packable_counts_what_packed_rows_refuses(edit, unpackable):
     assert rows_not_packable(inputs) == unpackable
     refused = 0
     for row in range(3):  # each row untrimmed, as packed_rows would see it in any chunk
-        ids = torch.cat([inputs["prompt_ids"][row:row + 1], inputs["completion_ids"][row:row + 1]], dim=1)
-        mask = torch.cat([inputs["prompt_mask"][row:row + 1], inputs["completion_mask"][row:row + 1]], dim=1)
+        ids = torch.cat([inputs.prompt_ids[row:row + 1], inputs.completion_ids[row:row + 1]], dim=1)
+        mask = torch.cat([inputs.prompt_mask[row:row + 1], inputs.completion_mask[row:row + 1]], dim=1)
         try:
-            packed_rows(RowChunk(torch.tensor([row]), ids, mask, inputs["completion_ids"].shape[1]))
+            packed_rows(RowChunk(torch.tensor([row]), ids, mask, inputs.completion_ids.shape[1]))
         except ValueError:
             refused += 1
     assert refused == unpackable

@@ -58,7 +58,7 @@ def test_loss_inputs_drop_and_truncate_before_the_forward(tiny_sweep, tmp_path):
                 "completion_ids": torch.randint(4, 20, (B, T)) * completion_mask, "completion_mask": completion_mask,
                 "rewards": torch.tensor([1.0, 0.0, 1.0, 0.0]), "group_ids": torch.tensor([0, 0, 1, 1])}
     inputs = loss_inputs(trainer, rollouts, trainer.step_context())
-    kept = inputs["completion_mask"]
+    kept = inputs.completion_mask
     assert kept.shape[0] == B and kept.shape[1] <= T and 0 < kept.sum() <= completion_mask.sum()
     assert (kept <= completion_mask[:, :kept.shape[1]]).all()  # NAT keeps a prefix of each completion
     loss = trainer.compute_loss(trainer.model, inputs)

@@ -13,8 +13,8 @@ from reference_formulas import clipped_surrogate
 
 from harness.config.schema import PresetConfig
 from harness.model.checkpoints import load_policy
-from harness.train.rollout_inputs import ROLLOUT_KEY_PREFIX, reduced_inputs
-from harness.train.row_chunks import chunk_plan
+from harness.train.row_chunks import Sequences, chunk_plan
+from harness.train.step_batch import StepBatch
 from harness.train.trl import TOUCH_POINTS, TRL_VERSION
 from harness.train.trl.settings import grpo_config
 from harness.train.trl.trainer import TargetedGRPOTrainer
@@ -80,19 +80,17 @@ def before_updates(trainer, reduced):
 
 
 def raw_inputs(seed=0):
-    """A reduced batch as ``reduced_inputs`` gives it, before the passes that precede the updates."""
+    """A kept batch as ``StepBatch.kept`` gives it, before the passes that precede the updates."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(4, 40, (4, 3), generator=g)
     completion_ids = torch.randint(4, 40, (4, 5), generator=g)
     completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     advantages = torch.tensor([0.7, -0.7, -0.7, 0.7])
-    return {
-        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
-        "completion_mask": completion_mask, "advantages": advantages[:, None] * completion_mask,
-        f"{ROLLOUT_KEY_PREFIX}rewards": rewards, f"{ROLLOUT_KEY_PREFIX}group_ids": torch.tensor([0, 0, 1, 1]),
-        f"{ROLLOUT_KEY_PREFIX}rollout_advantages": advantages,
-    }
+    return StepBatch(
+        prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), completion_ids=completion_ids,
+        completion_mask=completion_mask, advantages=advantages[:, None] * completion_mask, rewards=rewards,
+        group_ids=torch.tensor([0, 0, 1, 1]), rollout_advantages=advantages)
 
 
 def loss_inputs(trainer, seed=0):
@@ -101,11 +99,11 @@ def loss_inputs(trainer, seed=0):
 
 
 def direct_logp_entropy(model, inputs):
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    ids = torch.cat([inputs.prompt_ids, inputs.completion_ids], dim=1)
+    mask = torch.cat([inputs.prompt_mask, inputs.completion_mask], dim=1)
     logits = model(input_ids=ids, attention_mask=mask).logits[:, -6:-1].float()
     logp_all = torch.log_softmax(logits, -1)
-    logp = logp_all.gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    logp = logp_all.gather(-1, inputs.completion_ids[..., None]).squeeze(-1)
     return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
@@ -123,7 +121,7 @@ def test_uniform_gradient_equals_the_written_out_loss(tiny_model_dir, tmp_path, 
 
     model.zero_grad()
     logp, _ = direct_logp_entropy(model, inputs)
-    mask, adv = inputs["completion_mask"].float(), inputs["advantages"]
+    mask, adv = inputs.completion_mask.float(), inputs.advantages
     per_token = clipped_surrogate(logp, logp.detach(), adv)
     if aggregation == "token-mean":
         loss = (per_token * mask).sum() / mask.sum()
@@ -145,12 +143,12 @@ def test_entropy_gradient_equals_top_k_written_out(tiny_model_dir, tmp_path):
 
     model.zero_grad()
     logp, entropy = direct_logp_entropy(model, inputs)
-    mask = inputs["completion_mask"].bool()
+    mask = inputs.completion_mask.bool()
     k = -(-int(mask.sum()) * 2 // 10)  # ceil(0.2 * n)
     threshold = entropy.detach()[mask].topk(k).values.min()
     selected = (mask & (entropy.detach() >= threshold)).float()
     assert int(selected.sum()) == k  # no ties in this random case
-    per_token = -inputs["advantages"] * torch.exp(logp - logp.detach())
+    per_token = -inputs.advantages * torch.exp(logp - logp.detach())
     ((per_token * selected).sum() / selected.sum()).backward()
     for a, b in zip(ours, grads(model), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -188,7 +186,7 @@ def test_reference_forward_uses_the_reference_weights(tiny_model_dir, tmp_path):
         reference = trainer.actor.statistics(trainer.actor.reference, inputs, (), "reference", False)["logp"]
         fresh, _ = load_policy(tiny_model_dir)
         expected = trainer.actor.statistics(fresh, inputs, (), "reference", False)["logp"]
-    mask = inputs["completion_mask"].bool()
+    mask = inputs.completion_mask.bool()
     assert not torch.allclose(policy[mask], reference[mask])
     torch.testing.assert_close(reference[mask], expected[mask])
 
@@ -273,11 +271,10 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
             for p in model.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
         raw = raw_inputs(seed=3)
-        batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
-                                  raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group",
-                                  rollout_advantages=raw[f"{ROLLOUT_KEY_PREFIX}rollout_advantages"])
+        batch = new_rollout_batch(raw.completion_ids, raw.completion_mask, raw.rewards, raw.group_ids, "group",
+                                  rollout_advantages=raw.rollout_advantages)
         prepared = prepare_batch(method, batch, trainer.step_context())
-        inputs = before_updates(trainer, reduced_inputs(raw, prepared, torch.device("cpu")))
+        inputs = before_updates(trainer, StepBatch.kept(vars(raw), prepared, torch.device("cpu")))
         model.zero_grad()
         loss = policy_loss(trainer, model, inputs)
         trainer.accelerator.backward(loss)
@@ -290,8 +287,8 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     for a, b in zip(picked_grads, every_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     # the ledger counts the LM head only at the sampled tokens: the difference is exactly the skipped logits
-    sampled = inputs[f"{ROLLOUT_KEY_PREFIX}extra_nat_sample"]
-    assert 0 < int(sampled.sum()) < int(inputs["completion_mask"].sum())
+    sampled = inputs.extras["nat_sample"]
+    assert 0 < int(sampled.sum()) < int(inputs.completion_mask.sum())
 
     def skipped(rows_per_chunk):  # logit positions not computed; a chunk without a sampled token still runs one
         # (every position: each row's completion tokens up to its last real one, the padding-free forward)
@@ -307,7 +304,7 @@ def test_nat_urs_runs_the_lm_head_only_at_sampled_tokens_with_the_same_loss_and_
     if beta > 0:
         assert every["reference"] - picked["reference"] == pytest.approx(head * skipped(2))
     if mini_batches > 1:  # the old-policy pass before the updates skips the same logits (loss against it: above)
-        assert f"{ROLLOUT_KEY_PREFIX}old_logp" in inputs
+        assert inputs.old_logp is not None
         assert every["old_logp"] - picked["old_logp"] == pytest.approx(head * skipped(2))
 
 
@@ -322,9 +319,9 @@ def test_weights_outside_the_loss_positions_are_refused(tiny_model_dir, tmp_path
     trainer, model = make_trainer(tiny_model_dir, tmp_path, method="nat")
     trainer.actor.method = TooFewPositions(NAT.Config(scheme="urs"))
     raw = raw_inputs()
-    batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
-                              raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
-    inputs = reduced_inputs(raw, prepare_batch(trainer.method, batch, trainer.step_context()), torch.device("cpu"))
+    batch = new_rollout_batch(raw.completion_ids, raw.completion_mask, raw.rewards, raw.group_ids, "group")
+    inputs = StepBatch.kept(vars(raw), prepare_batch(trainer.method, batch, trainer.step_context()),
+                            torch.device("cpu"))
     with pytest.raises(ValueError, match="outside its loss_positions"):
         policy_loss(trainer, model, inputs)
 
@@ -356,8 +353,7 @@ def left_padded_inputs(seed: int, group_prompts: bool = False) -> dict:
     completion_mask = torch.tensor([[1] * c + [0] * (6 - c) for c in completion_lengths])
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     return {"prompt_ids": prompt_ids * prompt_mask, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, f"{ROLLOUT_KEY_PREFIX}rewards": rewards,
-            f"{ROLLOUT_KEY_PREFIX}group_ids": torch.tensor([0, 0, 0, 1, 1, 1])}
+            "completion_mask": completion_mask, "rewards": rewards, "group_ids": torch.tensor([0, 0, 0, 1, 1, 1])}
 
 
 @pytest.mark.parametrize("method, beta", [("uniform", 0.0), ("uniform", 0.1), ("nat", 0.0), ("d3s", 0.1),
@@ -384,10 +380,10 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
             model.activation_checkpointing_enable()
             model.train()
         raw = left_padded_inputs(seed=4, group_prompts=group_prompts)
-        batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw[f"{ROLLOUT_KEY_PREFIX}rewards"],
-                                  raw[f"{ROLLOUT_KEY_PREFIX}group_ids"], "group")
+        batch = new_rollout_batch(raw["completion_ids"], raw["completion_mask"], raw["rewards"], raw["group_ids"],
+                                  "group")
         prepared = prepare_batch(trainer.method, batch, trainer.step_context())
-        inputs = before_updates(trainer, reduced_inputs(raw, prepared, torch.device("cpu")))
+        inputs = before_updates(trainer, StepBatch.kept(raw, prepared, torch.device("cpu")))
         model.zero_grad()
         loss = policy_loss(trainer, model, inputs)
         trainer.accelerator.backward(loss)
@@ -400,7 +396,7 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     # the ledger counts each row's real tokens: its prompt and its completion but the last token (no input needed);
     # a prompt shared by rows of one chunk once
-    prompt_lengths, completion_lengths = inputs["prompt_mask"].sum(dim=1), inputs["completion_mask"].sum(dim=1)
+    prompt_lengths, completion_lengths = inputs.prompt_mask.sum(dim=1), inputs.completion_mask.sum(dim=1)
     lengths = prompt_lengths + completion_lengths - 1
     real = int(lengths.sum())
     passes = (2 if backward_rows else 1) + (1 if beta > 0 else 0)  # no-grad pass of backward chunks; reference pass
@@ -408,7 +404,7 @@ def test_padding_free_forward_gives_the_padded_loss_and_gradient(tiny_model_dir,
     if group_prompts:
         assert ledger.trained_positions < real
         if one_chunk:  # rows 0-2 share a 5-token prompt, rows 3-5 a 3-token one (D3S may have dropped some rows)
-            groups = inputs[f"{ROLLOUT_KEY_PREFIX}group_ids"].unique().tolist()
+            groups = inputs.group_ids.unique().tolist()
             real = sum({0: 5, 1: 3}[g] for g in groups) + int((completion_lengths - 1).clamp(min=0).sum())
             assert ledger.trained_positions == real
     else:
@@ -516,8 +512,8 @@ def test_the_actor_trains_without_a_grpo_trainer(tiny_model_dir):
     ours = grads(model)
     model.zero_grad()
     logp, _ = direct_logp_entropy(model, inputs)
-    mask = inputs["completion_mask"].float()
-    ((clipped_surrogate(logp, logp.detach(), inputs["advantages"]) * mask).sum() / mask.sum()).backward()
+    mask = inputs.completion_mask.float()
+    ((clipped_surrogate(logp, logp.detach(), inputs.advantages) * mask).sum() / mask.sum()).backward()
     for a, b in zip(ours, grads(model), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert logged["loss/denominator"] == float(mask.sum()) and accounting.step_ledger.flops["train"] > 0
@@ -529,7 +525,7 @@ def test_sample_batch_is_a_few_whole_groups_through_the_actor_and_off_the_budget
     seconds timed as off-budget (the step's seconds are reduced by them)."""
     from harness.train.budget import OFF_BUDGET, BudgetLedger
     from harness.train.hooks import new_rollout_batch
-    from harness.train.trl.trainer import SAMPLE_BATCH_GROUPS
+    from harness.train.sample_batch import SAMPLE_BATCH_GROUPS, write_sample_batch
 
     trainer, model = make_trainer(tiny_model_dir, tmp_path, prompts_per_step=6)
     trainer.sample_batch_path = tmp_path / "sample_batch.json"
@@ -541,13 +537,14 @@ def test_sample_batch_is_a_few_whole_groups_through_the_actor_and_off_the_budget
     batch = new_rollout_batch(out["completion_ids"], completion_mask, torch.arange(rows).float() % 3,
                               torch.arange(rows) // 2, "group")
     trainer.clock.collect()
-    trainer._write_sample_batch(out, batch)
+    write_sample_batch(trainer.sample_batch_path, trainer.actor, model, out, batch, trainer.processing_class, 2,
+                       trainer.run_seed, writes=True)
     sample = json.loads(trainer.sample_batch_path.read_text())
     kept = SAMPLE_BATCH_GROUPS * 2
     assert sample["group_ids"] == (torch.arange(kept) // 2).tolist()  # whole groups, in order
     assert len(sample["completion_ids"]) == len(sample["logp"]) == len(sample["prompts"]) == kept < rows
     with torch.no_grad():
-        logp, entropy = direct_logp_entropy(model, {k: v[:kept] for k, v in out.items()})
+        logp, entropy = direct_logp_entropy(model, Sequences(*(v[:kept] for v in out.values())))
     mask = completion_mask[:kept].bool()
     assert torch.allclose(torch.tensor(sample["logp"])[mask], logp[mask], atol=1e-5)
     assert torch.allclose(torch.tensor(sample["entropy"])[mask], entropy[mask], atol=1e-4)

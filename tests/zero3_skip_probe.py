@@ -27,7 +27,7 @@ from harness.model.checkpoints import load_policy
 from harness.train.actor import Actor
 from harness.train.budget import ModelShape, StepAccounting
 from harness.train.hooks import new_rollout_batch, prepare_batch
-from harness.train.rollout_inputs import reduced_inputs
+from harness.train.step_batch import StepBatch
 from harness.train.trl.patches import skippable_step
 from methods.base import StepContext
 from methods.uniform import Uniform
@@ -79,7 +79,7 @@ def step_inputs(method, rank: int, step: int, ctx: StepContext) -> dict:
     prompt_ids = torch.randint(4, 40, (4, 3), generator=g)
     out = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
            "completion_mask": mask.long()}
-    return reduced_inputs(out, prepare_batch(method, batch, ctx), torch.device("cpu"))
+    return StepBatch.kept(out, prepare_batch(method, batch, ctx), torch.device("cpu"))
 
 
 def main(model_dir: Path, out: Path) -> None:

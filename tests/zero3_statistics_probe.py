@@ -39,7 +39,7 @@ from harness.config.schema import TrainConfig
 from harness.train.actor import Actor
 from harness.train.budget import ModelShape, StepAccounting
 from harness.train.hooks import new_rollout_batch, prepare_batch
-from harness.train.rollout_inputs import reduced_inputs
+from harness.train.step_batch import StepBatch
 from methods.base import StepContext
 from methods.uniform import Uniform
 
@@ -98,11 +98,11 @@ def process_inputs(method, rank: int, ctx: StepContext) -> dict:
     prompt_ids = torch.randint(4, 300, (1, PROMPT), generator=g).expand(rows, PROMPT)
     out = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
            "completion_mask": mask.long()}
-    return reduced_inputs(out, prepare_batch(method, batch, ctx), torch.device("cpu"))
+    return StepBatch.kept(out, prepare_batch(method, batch, ctx), torch.device("cpu"))
 
 
 def mean_logp_loss(logp: torch.Tensor, inputs: dict) -> torch.Tensor:
-    mask = inputs["completion_mask"].float()
+    mask = inputs.completion_mask.float()
     return -(logp * mask).sum() / mask.sum()
 
 

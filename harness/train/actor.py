@@ -1,20 +1,22 @@
-"""The policy side of a training step, free of TRL: log-probs for pi_old and pi_ref, the policy loss over row chunks
-and backward chunks, and the epoch x mini-batch update schedule (verl's ``dp_actor.update_policy``).
+"""One generation batch from its rollouts to its optimizer steps, free of TRL (verl's ``dp_actor.update_policy``):
+the method's hooks, log-probs for pi_old and pi_ref, the epoch x mini-batch update schedule, and the policy loss
+over row chunks and backward chunks.
 
-One generation batch, once its rollouts are prepared (``harness.train.hooks.prepare_batch``) and reduced to the
-rows and columns the method kept (``harness.train.rollout_inputs``), is updated on as verl does it::
+TRL generates and scores the rollouts (``harness.train.trl.trainer``); from there a batch goes, top to bottom in
+the ``Actor`` below::
 
-    reduced = actor.before_updates(model, reduced, ctx)        # no-grad pi_old (several steps) and pi_ref (beta > 0)
-    for mini_batch in update_schedule(reduced, ...):           # epochs x mini-batches of whole prompt groups
-        loss = actor.policy_loss(model, mini_batch, ctx)        # forward (+ backward of all but the last row chunk)
-        backward(loss); clip gradients; optimizer.step()        # transformers' Trainer, one step per mini-batch
+    rollouts = new_rollout_batch(...)                         # rewards -> the baseline's group advantages (hooks.py)
+    batch = actor.step_batch(model, out, rollouts, ctx)       # the method's hooks (advantages, selection, truncation)
+                                                              # -> a StepBatch; no-grad pi_old and pi_ref
+    for mini_batch in update_schedule(batch, ...):            # epochs x mini-batches of whole prompt groups
+        loss = actor.policy_loss(model, mini_batch, ctx)       # row chunks -> statistics -> weights -> sum(w l) / D
+        backward(loss); clip gradients; optimizer.step()       # transformers' Trainer, one step per mini-batch
 
-The trainer (``harness.train.trl.trainer``) is the loop's driver: TRL's Trainer runs the backward, the clipping and
-the optimizer step, and asks ``_prepare_inputs`` for each step's mini-batch, which it takes from
-``update_schedule``. Everything the actor needs of the processes (all-reduce, backward, gradient accumulation,
-autocast) comes through ``Processes``; tests pass a one-process stand-in.
+The trainer is the loop's driver: TRL's Trainer runs the backward, the clipping and the optimizer step, and asks
+``_prepare_inputs`` for each step's mini-batch, which it takes from ``update_schedule``. Everything the actor needs
+of the processes (all-reduce, backward, gradient accumulation, autocast) comes through ``Processes``; tests pass a
+one-process stand-in.
 """
-
 from __future__ import annotations
 
 import time
@@ -30,6 +32,7 @@ from harness.train.hooks import (
     PreparedBatch,
     denominator_parts,
     loss_inputs_for,
+    prepare_batch,
     statistics_read,
     weigh_tokens,
     with_global_denominators,
@@ -37,9 +40,9 @@ from harness.train.hooks import (
 )
 from harness.train.loss import LossConfig, LossInputs, combine_row_metrics, loss_of_rows
 from harness.train.micro_batches import balanced_micro_batches, micro_batch_count, micro_batch_row_scales
-from harness.train.rollout_inputs import OLD_LOGP, REF_LOGP, rollout_batch_of
 from harness.train.row_chunks import (
     RowChunk,
+    Sequences,
     chunk_plan,
     packed_rows,
     row_chunks,
@@ -47,9 +50,10 @@ from harness.train.row_chunks import (
     split_by_prompt_groups,
     statistics_by_row_chunks,
 )
+from harness.train.step_batch import StepBatch
 from harness.train.step_settings import StepSettings
 from harness.train.token_statistics import EXTRA_STATISTICS, model_token_statistics, packed_model_token_statistics
-from methods.base import Method, StepContext, TokenStats, TokenWeights
+from methods.base import Method, RolloutBatch, StepContext, TokenStats, TokenWeights
 
 UNPACKABLE = 1 << 40  # added to a process's chunk count in ``Actor._chunks_behind``'s all-reduce: it found rows
 # the padding-free forward cannot pack (far above any count of chunks)
@@ -96,8 +100,8 @@ def by_process(described: dict[int, str], processes: int) -> str:
     return ", ".join(f"{text} on process {index}" for index, text in described.items())
 
 
-def update_schedule(batch: dict, group_index: torch.Tensor, groups: int, mini_batches: int, epochs: int,
-                    processes: Processes, process_index: int) -> Iterator[dict]:
+def update_schedule(batch: StepBatch, group_index: torch.Tensor, groups: int, mini_batches: int, epochs: int,
+                    processes: Processes, process_index: int) -> Iterator[StepBatch]:
     """The inputs of the optimizer steps of one generation batch, in order: ``epochs`` passes over its
     ``mini_batches`` mini-batches, mini-batch j holding prompt groups [j P / k, (j + 1) P / k) of the process's
     ``groups`` = P groups in generation order (``group_index``: each row's group among them), the same in every
@@ -105,7 +109,7 @@ def update_schedule(batch: dict, group_index: torch.Tensor, groups: int, mini_ba
     the same message (decided over the processes: one process raising alone would leave the others waiting in their
     next collective)."""
     parts = split_by_prompt_groups(batch, group_index, groups, mini_batches)
-    empty = torch.tensor([float(part["completion_ids"].shape[0] == 0) for part in parts])
+    empty = torch.tensor([float(part.completion_ids.shape[0] == 0) for part in parts])
     empty = every_process(processes, empty, process_index)  # (P, mini_batches)
     if empty.any():
         described = {p: str(torch.nonzero(row).flatten().tolist()) for p, row in enumerate(empty) if row.any()}
@@ -146,83 +150,42 @@ class Actor:
         """Optimizer steps per generation batch: train.mini_batches x train.ppo_epochs."""
         return self.train.mini_batches * self.train.ppo_epochs
 
-    # --- forwards: token statistics by row chunks, counted in the budget ---------------------------------------------
+    # --- one generation batch, top to bottom: hooks, pi_old and pi_ref, then each mini-batch's loss ---------------
 
-    def statistics(self, model, inputs: dict, extras: tuple[str, ...], phase: str, backward: bool,
-                   loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Token statistics (B, T) of the whole batch, computed in row chunks (``train.forward_chunk_rows``,
-        ``train.forward_chunk_tokens``: ``chunk_plan``); their FLOPs go to ``phase`` (x3 when a backward follows).
-        ``loss_positions`` (B, T) bool: the LM head runs only there (``Method.loss_positions``).
+    def step_batch(self, model, out: dict, rollouts: RolloutBatch, ctx: StepContext) -> StepBatch:
+        """A generation batch ready for its updates: the method's hooks on its ``rollouts`` (advantages, selection,
+        truncation: ``hooks.prepare_batch``, before any forward pass), the rows and columns they kept of TRL's
+        generated batch ``out`` (``StepBatch.kept``), then the no-grad passes (``before_updates``)."""
+        prepared = prepare_batch(self.method, rollouts, ctx)
+        self._require_kept_tokens(len(prepared.rows) == 0 or prepared.length == 0, ctx)
+        self.log("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
+        return self.before_updates(model, StepBatch.kept(out, prepared, out["completion_ids"].device), ctx)
 
-        Every process runs as many model forwards as the process with the most row chunks (ZeRO-3 and FSDP gather
-        each layer's weights in every forward, so the counts must agree; processes differ in rows when methods drop
-        rollouts): one with fewer runs ``_idle_forward`` for each chunk it lacks, on the graph with grad (its logp x
-        0.0 added to the statistics: a following backward reaches it with exactly zero). With one process: none,
-        and no collective."""
-        plan = chunk_plan(inputs, self.train.forward_chunk_rows, self.train.forward_chunk_tokens)
-        behind = self._chunks_behind(len(plan), inputs)  # agreed before any forward
-        stats = statistics_by_row_chunks(inputs, plan, lambda chunk: (
-            self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
-        for _ in range(behind):
-            idle = self._idle_forward(model, inputs["completion_ids"])
-            if torch.is_grad_enabled():
-                stats["logp"] = stats["logp"] + 0.0 * idle.sum()
-        return stats
+    def _require_kept_tokens(self, kept_nothing: bool, ctx: StepContext) -> None:
+        """Raises on every process, with the same message, when the method kept no rollout or no token on any
+        process (``kept_nothing``: this one's), decided in one all-reduce: a process raising alone would leave the
+        others waiting in their next collective. A process with nothing does not take part with a zero-weight row
+        instead: that row's forward would count in the budget and its tokens in the method's denominators (token
+        means over the step's tokens of every process), changing the other processes' losses."""
+        flags = every_process(self.processes, torch.tensor([float(kept_nothing)]), ctx.process_index)[:, 0]
+        empty = torch.nonzero(flags).flatten().tolist()
+        if empty:
+            where = "" if self.processes.num_processes == 1 else f" on processes {empty}"
+            raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step {ctx.step}{where}; "
+                               "a method must keep at least one token")
 
-    def _most_chunks(self, plan: list[torch.Tensor]) -> int:
-        """The most row chunks any process's ``plan`` has (this process's count with one process: no collective)."""
-        if self.processes is None or self.processes.num_processes == 1:
-            return len(plan)
-        return self.processes.max(len(plan))
+    def before_updates(self, model, batch: StepBatch, ctx: StepContext) -> StepBatch:
+        """The no-grad passes over the kept batch, once before its optimizer steps (verl computes old and
+        reference log-probs once per generation batch too): pi_old when the batch feeds several steps, pi_ref when
+        there is a reference model (KL term, or a method reading ref_logp); both at the method's
+        ``loss_positions``."""
+        positions = self.method.loss_positions(batch.rollout_batch(self.special_token_ids), ctx)
+        old_logp = self.old_log_probs(model, batch, positions) if self.updates_per_generation > 1 else None
+        ref_logp = None if self.reference is None else self.reference_log_probs(batch, positions)
+        return batch.with_log_probs(old_logp, ref_logp)
 
-    def _chunks_behind(self, chunks: int, inputs: dict) -> int:
-        """How many fewer row chunks this process has (``chunks``) than the most any process has, in one
-        all-reduce that every process must reach before its forwards (one still in a forward would pair its weight
-        gathers with it); 0 and no collective with one process. Rows that the padding-free forward cannot pack
-        (``rows_not_packable``) on any process raise the same error on every process here, before any forward: a
-        process raising alone would leave the others waiting in a collective."""
-        unpackable = rows_not_packable(inputs) if self.train.padding_free else 0
-        flagged = chunks + (UNPACKABLE if unpackable else 0)
-        single = self.processes is None or self.processes.num_processes == 1
-        most = flagged if single else self.processes.max(flagged)
-        if most >= UNPACKABLE:
-            own = f"{unpackable} row(s) of this process" if unpackable else "none of this process's rows"
-            raise ValueError(f"padding-free forward: a training process holds rows whose attention mask is not one "
-                             f"contiguous run of real tokens ({own}); set train.padding_free=false to forward such "
-                             "rows padded")
-        return 0 if single else most - chunks
-
-    def _idle_forward(self, model, like: torch.Tensor) -> torch.Tensor:
-        """logp (1, 1) of one model forward over two tokens (id 0: a one-token prompt and completion, on ``like``'s
-        device), not counted in the budget: what a process runs in place of a row chunk it lacks (``statistics``)."""
-        ids = torch.zeros((1, 2), dtype=like.dtype, device=like.device)
-        return model_token_statistics(model, ids, torch.ones_like(ids), 1, (), self.train.temperature,
-                                      self.train.stats_chunk_size)["logp"]
-
-    def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
-                              backward: bool, loss_positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        train, shape = self.train, self.accounting.model_shape
-        picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
-        if train.padding_free:
-            packed = packed_rows(chunk, train.share_prompts)
-            completion_ids = chunk.input_ids[:, -chunk.completion_width:]
-            stats = packed_model_token_statistics(model, packed, completion_ids, extras, train.temperature,
-                                                  train.stats_chunk_size, picked)
-            positions = packed.positions
-            logits = int(packed.valid.sum()) if picked is None else int((packed.valid & picked.bool()).sum())
-            flops = packed_forward_flops(shape, positions, len(chunk.rows), packed.attention_width,
-                                         max(logits, 1))  # >= 1: see StatisticsHead
-        else:
-            stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width,
-                                           extras, train.temperature, train.stats_chunk_size, picked)
-            positions = chunk.input_ids.numel()
-            flops = padded_forward_flops(shape, len(chunk.rows), chunk.input_ids.shape[1], chunk.completion_width,
-                                         None if picked is None else max(int(picked.sum()), 1))
-        self.accounting.count_forward(phase, flops, positions, backward)
-        return stats
-
-    def old_log_probs(self, model, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """log pi_old (B, T) of the reduced batch before its first update: one no-grad forward, phase old_logp."""
+    def old_log_probs(self, model, inputs: Sequences, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_old (B, T) of the kept batch before its first update: one no-grad forward, phase old_logp."""
         clock = self.accounting.clock
         started = clock.start()
         with torch.no_grad():
@@ -230,7 +193,7 @@ class Actor:
         clock.stop("old_logp", started)
         return logp
 
-    def reference_log_probs(self, inputs: dict, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def reference_log_probs(self, inputs: Sequences, loss_positions: torch.Tensor | None = None) -> torch.Tensor:
         """log pi_ref (no grad) of a batch, timed as the reference phase."""
         clock = self.accounting.clock
         started = clock.start()
@@ -240,39 +203,14 @@ class Actor:
         clock.stop("reference", started)
         return ref_logp
 
-    def before_updates(self, model, reduced: dict, ctx: StepContext) -> dict:
-        """The no-grad passes over the reduced batch, once before its optimizer steps (verl computes old and
-        reference log-probs once per generation batch too): pi_old when the batch feeds several steps, pi_ref when
-        there is a reference model (KL term, or a method reading ref_logp); both at the method's
-        ``loss_positions``."""
-        positions = self.method.loss_positions(rollout_batch_of(reduced, self.special_token_ids), ctx)
-        if self.updates_per_generation > 1:
-            reduced[OLD_LOGP] = self.old_log_probs(model, reduced, positions)
-        if self.reference is not None:
-            reduced[REF_LOGP] = self.reference_log_probs(reduced, positions)
-        return reduced
-
-    def token_stats(self, model, inputs: dict, backward: bool = True,
-                    loss_positions: torch.Tensor | None = None) -> TokenStats:
-        """Current-policy statistics; old_logp is the rollout policy's (``before_updates``) when the batch feeds
-        several optimizer steps, else logp.detach() (pi_old = pi_theta); ref_logp the reference's, None without a
-        reference model."""
-        extras = tuple(sorted(({"entropy"} | statistics_read(self.method, self.train.beta)) & set(EXTRA_STATISTICS)))
-        stats = self.statistics(model, inputs, extras, "train", backward, loss_positions)
-        old_logp = inputs.get(OLD_LOGP)
-        return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
-                          entropy=stats.get("entropy"), sum_p2=stats.get("sum_p2"), ref_logp=inputs.get(REF_LOGP))
-
-    # --- the policy loss of one mini-batch ------------------------------------------------------------------------
-
-    def policy_loss(self, model, inputs: dict, ctx: StepContext) -> torch.Tensor:
+    def policy_loss(self, model, inputs: StepBatch, ctx: StepContext) -> torch.Tensor:
         """The method's weights on the whole mini-batch, then ``sum(w l) / D`` (+ beta KL) of its rows: in one
         forward (the caller runs the backward), or (``train.backward_chunk_rows``) row chunk by row chunk after a
         no-grad forward that gives the method its batch-wide statistics. One optimizer step per mini-batch: no
         accumulation scaling. A non-finite loss on any process skips the step on every process
         (``skip_optimizer_step``, ``_skip_nonfinite_step``)."""
         started = time.perf_counter()
-        batch = rollout_batch_of(inputs, self.special_token_ids)
+        batch = inputs.rollout_batch(self.special_token_ids)
         plan = self._backward_plan(inputs)
         # decided over the processes: one taking the one-forward path while another chunks would run fewer
         # forwards and backwards (ZeRO-3 pairs their collectives); with one process: no collective
@@ -282,7 +220,7 @@ class Actor:
             stats = self.token_stats(model, inputs, backward=not in_chunks, loss_positions=positions)
         result = weigh_tokens(self.method, stats, PreparedBatch(batch, rows=torch.arange(0), length=0), ctx)
         loss_inputs = loss_inputs_for(self.method, batch, result, ctx, positions,
-                                      old_logp=inputs.get(OLD_LOGP), ref_logp=stats.ref_logp)
+                                      old_logp=inputs.old_logp, ref_logp=stats.ref_logp)
         loss_inputs = self.normalised(loss_inputs, result, batch, inputs, ctx)
         mask, computed = batch.completion_mask, loss_inputs.mask  # metrics average over the computed tokens
         config = self.settings.loss_config()
@@ -299,7 +237,18 @@ class Actor:
             return self._skip_nonfinite_step(loss if in_chunks else stats.logp, losses, nonfinite, ctx)
         return loss
 
-    def normalised(self, loss_inputs: LossInputs, result: TokenWeights, batch, inputs: dict,
+    def token_stats(self, model, inputs: StepBatch, backward: bool = True,
+                    loss_positions: torch.Tensor | None = None) -> TokenStats:
+        """Current-policy statistics; old_logp is the rollout policy's (``before_updates``) when the batch feeds
+        several optimizer steps, else logp.detach() (pi_old = pi_theta); ref_logp the reference's, None without a
+        reference model."""
+        extras = tuple(sorted(({"entropy"} | statistics_read(self.method, self.train.beta)) & set(EXTRA_STATISTICS)))
+        stats = self.statistics(model, inputs, extras, "train", backward, loss_positions)
+        old_logp = inputs.old_logp
+        return TokenStats(logp=stats["logp"], old_logp=stats["logp"].detach() if old_logp is None else old_logp,
+                          entropy=stats.get("entropy"), sum_p2=stats.get("sum_p2"), ref_logp=inputs.ref_logp)
+
+    def normalised(self, loss_inputs: LossInputs, result: TokenWeights, batch, inputs: Sequences,
                    ctx: StepContext) -> LossInputs:
         """The denominators of the optimizer step's loss (``train.loss_micro_batch_tokens``).
 
@@ -317,7 +266,7 @@ class Actor:
             if parts is None or kl_parts is None:
                 raise ValueError(f"method {self.method.name!r} returned no row_denominators (TokenWeights): "
                                  "train.loss_micro_batch_tokens needs them to take each micro-batch's denominator")
-            lengths = (inputs["prompt_mask"].sum(dim=1) + inputs["completion_mask"].sum(dim=1)).tolist()
+            lengths = (inputs.prompt_mask.sum(dim=1) + inputs.completion_mask.sum(dim=1)).tolist()
             micro_batches = balanced_micro_batches(lengths, self.processes.max(micro_batch_count(lengths, tokens)))
             self.log("loss/micro_batches", float(len(micro_batches)))
             return with_row_scales(loss_inputs, micro_batch_row_scales(micro_batches, parts),
@@ -335,15 +284,15 @@ class Actor:
         self.log("loss/kl_denominator", float(total[1]))
         return with_global_denominators(loss_inputs, total[0], total[1], processes)
 
-    def _backward_plan(self, inputs: dict) -> list[torch.Tensor] | None:
+    def _backward_plan(self, inputs: Sequences) -> list[torch.Tensor] | None:
         """The row chunks of the chunked backward (``train.backward_chunk_rows``, ``backward_chunk_tokens``; rows
         alone: all of this process's rows), or None when neither is set."""
         rows, tokens = self.train.backward_chunk_rows, self.train.backward_chunk_tokens
         if not (rows or tokens):
             return None
-        return chunk_plan(inputs, rows or max(inputs["completion_ids"].shape[0], 1), tokens)
+        return chunk_plan(inputs, rows or max(inputs.completion_ids.shape[0], 1), tokens)
 
-    def _loss_in_backward_chunks(self, model, inputs: dict, loss_inputs: LossInputs, config: LossConfig,
+    def _loss_in_backward_chunks(self, model, inputs: Sequences, loss_inputs: LossInputs, config: LossConfig,
                                  plan: list[torch.Tensor], loss_positions: torch.Tensor | None = None,
                                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of the whole batch with activations of only one row chunk alive at a time: each row chunk
@@ -356,7 +305,7 @@ class Actor:
         chunks = list(row_chunks(inputs, plan))
         for _ in range(self._chunks_behind(len(plan), inputs)):
             with self.processes.accumulating(model):  # first: the caller's last backward is a real chunk's
-                idle = self._idle_forward(model, inputs["completion_ids"])
+                idle = self._idle_forward(model, inputs.completion_ids)
                 self.processes.backward(0.0 * idle.sum())
         done, parts = torch.zeros((), device=loss_inputs.mask.device), []
         for index, chunk in enumerate(chunks):
@@ -408,3 +357,78 @@ class Actor:
             self.log("time/loss_s", time.perf_counter() - started)
             if "kl" in loss_metrics:
                 self.log("kl", float(loss_metrics["kl"]))
+
+    # --- forwards: token statistics by row chunks, counted in the budget ---------------------------------------------
+
+    def statistics(self, model, inputs: Sequences, extras: tuple[str, ...], phase: str, backward: bool,
+                   loss_positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Token statistics (B, T) of the whole batch, computed in row chunks (``train.forward_chunk_rows``,
+        ``train.forward_chunk_tokens``: ``chunk_plan``); their FLOPs go to ``phase`` (x3 when a backward follows).
+        ``loss_positions`` (B, T) bool: the LM head runs only there (``Method.loss_positions``).
+
+        Every process runs as many model forwards as the process with the most row chunks (ZeRO-3 and FSDP gather
+        each layer's weights in every forward, so the counts must agree; processes differ in rows when methods drop
+        rollouts): one with fewer runs ``_idle_forward`` for each chunk it lacks, on the graph with grad (its logp x
+        0.0 added to the statistics: a following backward reaches it with exactly zero). With one process: none,
+        and no collective."""
+        plan = chunk_plan(inputs, self.train.forward_chunk_rows, self.train.forward_chunk_tokens)
+        behind = self._chunks_behind(len(plan), inputs)  # agreed before any forward
+        stats = statistics_by_row_chunks(inputs, plan, lambda chunk: (
+            self._row_chunk_statistics(model, chunk, extras, phase, backward, loss_positions)))
+        for _ in range(behind):
+            idle = self._idle_forward(model, inputs.completion_ids)
+            if torch.is_grad_enabled():
+                stats["logp"] = stats["logp"] + 0.0 * idle.sum()
+        return stats
+
+    def _most_chunks(self, plan: list[torch.Tensor]) -> int:
+        """The most row chunks any process's ``plan`` has (this process's count with one process: no collective)."""
+        if self.processes is None or self.processes.num_processes == 1:
+            return len(plan)
+        return self.processes.max(len(plan))
+
+    def _chunks_behind(self, chunks: int, inputs: Sequences) -> int:
+        """How many fewer row chunks this process has (``chunks``) than the most any process has, in one
+        all-reduce that every process must reach before its forwards (one still in a forward would pair its weight
+        gathers with it); 0 and no collective with one process. Rows that the padding-free forward cannot pack
+        (``rows_not_packable``) on any process raise the same error on every process here, before any forward: a
+        process raising alone would leave the others waiting in a collective."""
+        unpackable = rows_not_packable(inputs) if self.train.padding_free else 0
+        flagged = chunks + (UNPACKABLE if unpackable else 0)
+        single = self.processes is None or self.processes.num_processes == 1
+        most = flagged if single else self.processes.max(flagged)
+        if most >= UNPACKABLE:
+            own = f"{unpackable} row(s) of this process" if unpackable else "none of this process's rows"
+            raise ValueError(f"padding-free forward: a training process holds rows whose attention mask is not one "
+                             f"contiguous run of real tokens ({own}); set train.padding_free=false to forward such "
+                             "rows padded")
+        return 0 if single else most - chunks
+
+    def _idle_forward(self, model, like: torch.Tensor) -> torch.Tensor:
+        """logp (1, 1) of one model forward over two tokens (id 0: a one-token prompt and completion, on ``like``'s
+        device), not counted in the budget: what a process runs in place of a row chunk it lacks (``statistics``)."""
+        ids = torch.zeros((1, 2), dtype=like.dtype, device=like.device)
+        return model_token_statistics(model, ids, torch.ones_like(ids), 1, (), self.train.temperature,
+                                      self.train.stats_chunk_size)["logp"]
+
+    def _row_chunk_statistics(self, model, chunk: RowChunk, extras: tuple[str, ...], phase: str,
+                              backward: bool, loss_positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        train, shape = self.train, self.accounting.model_shape
+        picked = None if loss_positions is None else loss_positions[chunk.rows, :chunk.completion_width]
+        if train.padding_free:
+            packed = packed_rows(chunk, train.share_prompts)
+            completion_ids = chunk.input_ids[:, -chunk.completion_width:]
+            stats = packed_model_token_statistics(model, packed, completion_ids, extras, train.temperature,
+                                                  train.stats_chunk_size, picked)
+            positions = packed.positions
+            logits = int(packed.valid.sum()) if picked is None else int((packed.valid & picked.bool()).sum())
+            flops = packed_forward_flops(shape, positions, len(chunk.rows), packed.attention_width,
+                                         max(logits, 1))  # >= 1: see StatisticsHead
+        else:
+            stats = model_token_statistics(model, chunk.input_ids, chunk.attention_mask, chunk.completion_width,
+                                           extras, train.temperature, train.stats_chunk_size, picked)
+            positions = chunk.input_ids.numel()
+            flops = padded_forward_flops(shape, len(chunk.rows), chunk.input_ids.shape[1], chunk.completion_width,
+                                         None if picked is None else max(int(picked.sum()), 1))
+        self.accounting.count_forward(phase, flops, positions, backward)
+        return stats

@@ -44,12 +44,59 @@ across passes until the budget stops the run (verl: ``total_epochs`` passes of t
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+logger = logging.getLogger(__name__)
+
 ROLLOUT_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")  # the columns a step keeps
 GroupKey = tuple[int, int, int]  # (round, process, group index among the process's groups of the round)
+# one round: this process's generated batch (TRL's dict), every process's summed rewards and correctness (N_all,)
+Round = tuple[dict, torch.Tensor, torch.Tensor]
+
+
+def sampled_step(generate_round: Callable[[list[dict]], Round], stream: PromptStream, dataset: Sequence[dict],
+                 collector: GroupCollector, prompts_per_round: int, max_rounds: int, exchange: GroupExchange,
+                 log: Callable[[str, float], None], step: int, warn: bool) -> tuple[dict, torch.Tensor]:
+    """One dynamically sampled step: rounds of ``prompts_per_round`` prompts of the stream (``stream_rows``), each
+    generated and scored by ``generate_round``, until the groups with signal of all processes reach prompts_per_step
+    (``collector.full``) or ``max_rounds`` rounds; then the trained groups move to the processes that train them
+    (``exchange``). Logs the step's counts (``log``; ``warn``: this process warns when the rounds ran out of step
+    ``step``). Returns this process's trained groups' rollouts (ROLLOUT_TENSORS, on the rounds' device) and summed
+    rewards."""
+    while True:
+        rows = stream_rows(stream, dataset, prompts_per_round, collector.processes, collector.process_index,
+                           collector.group_size)
+        out, rewards_all, correct_all = generate_round(rows)
+        collector.add_round({k: out[k].cpu() for k in ROLLOUT_TENSORS}, rewards_all, correct_all)
+        if collector.full or collector.rounds >= max_rounds:
+            break
+    metrics = collector.metrics()
+    for name, value in metrics.items():
+        log(f"dynamic_sampling/{name}", float(value))
+    log("dynamic_sampling/epoch", stream.passes)
+    if not collector.full and warn:
+        logger.warning(f"step {step}: dynamic sampling ran out of its {max_rounds} rounds with "
+                       f"{metrics['groups_kept']} of {collector.groups_per_step} groups with signal; "
+                       f"{metrics['groups_filled']} zero-variance groups complete the step "
+                       "(train.dynamic_sampling.max_generation_rounds)")
+    rollouts, rewards = collector.batch(exchange(collector, collector.processes))
+    device = out["completion_ids"].device
+    return {k: v.to(device) for k, v in rollouts.items()}, rewards
+
+
+def stream_rows(stream: PromptStream, dataset: Sequence[dict], prompts: int, processes: int, process_index: int,
+                repeats: int) -> list[dict]:
+    """This process's rows for the next ``prompts`` prompts of the stream (all processes draw the same ones and
+    each takes its contiguous share), each prompt repeated ``repeats`` (num_generations) times as TRL's sampler
+    does."""
+    drawn = stream.take(prompts)
+    share = len(drawn) // processes
+    return [dict(dataset[i]) for i in drawn[process_index * share:(process_index + 1) * share]
+            for _ in range(repeats)]
 
 
 def groups_with_signal(scores: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -16,10 +16,33 @@ trainer passes the function that computes one chunk's statistics.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Self
 
 import torch
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Rows of prompts and completions as the forwards read them: ``prompt_ids``/``prompt_mask`` (B, P) left-padded,
+    ``completion_ids``/``completion_mask`` (B, T) right-padded (TRL's layout and dtypes). Subclasses add per-row
+    fields (``harness.train.step_batch.StepBatch``); ``rows`` selects rows of every one of them."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+
+    def rows(self, index: torch.Tensor) -> Self:
+        """The rows ``index`` (B',) of every per-row field: tensors, dicts of tensors (a method's extras); None
+        stays None."""
+        def select(value):
+            if isinstance(value, dict):
+                return {k: v[index] for k, v in value.items()}
+            return None if value is None else value[index]
+        return dataclasses.replace(self, **{f.name: select(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
 @dataclass
@@ -114,15 +137,14 @@ def _prompt_owners(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch
     return first_row.scatter_reduce(0, group, rows, reduce="amin")[group]
 
 
-def chunk_plan(inputs: dict, rows_per_chunk: int, tokens_per_chunk: int = 0) -> list[torch.Tensor]:
-    """The row chunks of TRL's batch dict (left-padded ``prompt_ids``/``prompt_mask``, right-padded
-    ``completion_ids``/``completion_mask``) as row indices, shortest rows first: a chunk takes the next row while it
+def chunk_plan(inputs: Sequences, rows_per_chunk: int, tokens_per_chunk: int = 0) -> list[torch.Tensor]:
+    """The row chunks of ``inputs`` as row indices, shortest rows first: a chunk takes the next row while it
     holds fewer than ``rows_per_chunk`` rows and, with ``tokens_per_chunk`` > 0, while its padded size (rows x
     (longest prompt + longest completion), the shape a padded forward computes and a bound of the packed one's)
     stays within ``tokens_per_chunk``; a row longer than that gets a chunk to itself. Pure arithmetic on the masks:
     every process knows its count before any forward."""
-    prompt_lengths = inputs["prompt_mask"].sum(dim=1)
-    completion_lengths = _completion_lengths(inputs["completion_mask"])
+    prompt_lengths = inputs.prompt_mask.sum(dim=1)
+    completion_lengths = _completion_lengths(inputs.completion_mask)
     order = torch.argsort(prompt_lengths + completion_lengths, stable=True)
     if not tokens_per_chunk:
         return list(order.split(rows_per_chunk))
@@ -142,24 +164,24 @@ def _completion_lengths(completion_mask: torch.Tensor) -> torch.Tensor:
     return (completion_mask * positions).amax(dim=1).long().clamp(min=1)
 
 
-def row_chunks(inputs: dict, plan: list[torch.Tensor]) -> Iterator[RowChunk]:
+def row_chunks(inputs: Sequences, plan: list[torch.Tensor]) -> Iterator[RowChunk]:
     """The chunks of ``plan`` (``chunk_plan``), each cut to its longest prompt and longest kept completion."""
-    prompt_lengths = inputs["prompt_mask"].sum(dim=1)
-    completion_lengths = _completion_lengths(inputs["completion_mask"])
+    prompt_lengths = inputs.prompt_mask.sum(dim=1)
+    completion_lengths = _completion_lengths(inputs.completion_mask)
     for rows in plan:
         prompt_width, completion_width = int(prompt_lengths[rows].max()), int(completion_lengths[rows].max())
-        prompt_cols = slice(inputs["prompt_ids"].shape[1] - prompt_width, None)  # prompts are left-padded
-        input_ids = torch.cat([inputs["prompt_ids"][rows, prompt_cols],
-                               inputs["completion_ids"][rows, :completion_width]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"][rows, prompt_cols],
-                                    inputs["completion_mask"][rows, :completion_width]], dim=1)
+        prompt_cols = slice(inputs.prompt_ids.shape[1] - prompt_width, None)  # prompts are left-padded
+        input_ids = torch.cat([inputs.prompt_ids[rows, prompt_cols],
+                               inputs.completion_ids[rows, :completion_width]], dim=1)
+        attention_mask = torch.cat([inputs.prompt_mask[rows, prompt_cols],
+                                    inputs.completion_mask[rows, :completion_width]], dim=1)
         yield RowChunk(rows, input_ids, attention_mask, completion_width)
 
 
-def rows_not_packable(inputs: dict) -> int:
+def rows_not_packable(inputs: Sequences) -> int:
     """How many rows' masks are not one contiguous run (a left-padded prompt, a completion mask that is a prefix up
     to its last real token): what ``packed_rows`` refuses, known before any forward."""
-    prompt_mask, completion_mask = inputs["prompt_mask"].bool(), inputs["completion_mask"].bool()
+    prompt_mask, completion_mask = inputs.prompt_mask.bool(), inputs.completion_mask.bool()
     prompt_ok = (prompt_mask[:, 1:] >= prompt_mask[:, :-1]).all(dim=1)  # once real, real to the end
     last = _completion_lengths(completion_mask)  # (B,)
     before_last = torch.arange(completion_mask.shape[1], device=last.device)[None, :] < last[:, None]
@@ -167,11 +189,11 @@ def rows_not_packable(inputs: dict) -> int:
     return int((~(prompt_ok & completion_ok)).sum())
 
 
-def statistics_by_row_chunks(inputs: dict, plan: list[torch.Tensor],
+def statistics_by_row_chunks(inputs: Sequences, plan: list[torch.Tensor],
                              statistics_of: Callable[[RowChunk], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """{name: (B, T)} assembled from ``statistics_of`` each chunk of ``plan`` ({name: (b, T')}), zero past each
     chunk's width."""
-    T = inputs["completion_ids"].shape[1]
+    T = inputs.completion_ids.shape[1]
     pieces, order = [], []
     for chunk in row_chunks(inputs, plan):
         stats = statistics_of(chunk)
@@ -181,8 +203,8 @@ def statistics_by_row_chunks(inputs: dict, plan: list[torch.Tensor],
     return {k: torch.cat([p[k] for p in pieces])[inverse] for k in pieces[0]}
 
 
-def split_by_prompt_groups(batch: dict, group_index: torch.Tensor, groups: int, parts: int) -> list[dict]:
-    """A batch dict (tensors with rows first; 0-dim tensors are shared) -> ``parts`` dicts, part j holding the rows
+def split_by_prompt_groups(batch: Sequences, group_index: torch.Tensor, groups: int, parts: int) -> list[Sequences]:
+    """``batch`` -> ``parts`` batches of its kind (``Sequences.rows``), part j holding the rows
     whose ``group_index`` (B,), in [0, groups), lies in [j groups / parts, (j + 1) groups / parts): whole prompt
     groups, rows in their original order. A part may come out empty when a method dropped all its rollouts."""
     if groups % parts:
@@ -190,8 +212,4 @@ def split_by_prompt_groups(batch: dict, group_index: torch.Tensor, groups: int, 
     part_of_row = torch.div(group_index, groups // parts, rounding_mode="floor")  # (B,)
     if bool(((group_index < 0) | (group_index >= groups)).any()):
         raise ValueError(f"group indices outside [0, {groups}): {group_index.unique().tolist()}")
-    out = []
-    for j in range(parts):
-        rows = torch.nonzero(part_of_row == j).flatten()
-        out.append({k: (v[rows] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in batch.items()})
-    return out
+    return [batch.rows(torch.nonzero(part_of_row == j).flatten()) for j in range(parts)]

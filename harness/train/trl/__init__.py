@@ -38,7 +38,7 @@ _TRAINER = "harness.train.trl.trainer.TargetedGRPOTrainer"
 
 TOUCH_POINTS = (
     TouchPoint(f"{GRPO}._generate_and_score_completions", "override", ("self", "inputs"), _TRAINER,
-               "after TRL generates and scores: advantages, the method's hooks, reduced batch, pi_old/pi_ref"),
+               "after TRL generates and scores: advantages, the method's hooks, the kept StepBatch, pi_old/pi_ref"),
     TouchPoint(f"{GRPO}._calculate_rewards", "override",
                ("self", "inputs", "prompts", "completions", "completion_ids_list"), _TRAINER,
                "keeps the rewards TRL gathered over the processes (self._gathered_rewards); PhaseProbe wraps it"),

@@ -13,7 +13,7 @@ from trl import GRPOTrainer
 from harness.config.paths import SweepPaths
 from harness.config.schema import PresetConfig, Resolved
 from harness.train.hooks import new_rollout_batch, prepare_batch
-from harness.train.rollout_inputs import reduced_inputs
+from harness.train.step_batch import StepBatch
 from harness.train.trl.settings import grpo_config
 from harness.train.trl.trainer import TargetedGRPOTrainer
 from methods.base import StepContext
@@ -37,7 +37,7 @@ def sampling_settings(trainer: GRPOTrainer) -> tuple:
     return trainer.generation_config, list(trainer.eos_token_ids)
 
 
-def loss_inputs(trainer: TargetedGRPOTrainer, rollouts: dict, ctx: StepContext) -> dict:
+def loss_inputs(trainer: TargetedGRPOTrainer, rollouts: dict, ctx: StepContext) -> StepBatch:
     """The loss inputs of a generated and scored batch, built as in a training step: the baseline's advantages,
     the method's hooks (``trainer.method``) under ``ctx``, dropped rollouts and truncated columns removed.
 
@@ -48,8 +48,8 @@ def loss_inputs(trainer: TargetedGRPOTrainer, rollouts: dict, ctx: StepContext) 
                               rollouts["group_ids"], train.scale_rewards, trainer.special_token_ids)
     prepared = prepare_batch(trainer.method, batch, ctx)
     out = {k: rollouts[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-    reduced = reduced_inputs(out, prepared, rollouts["completion_ids"].device)
-    return trainer.actor.before_updates(trainer.model, reduced, trainer.step_context())
+    kept = StepBatch.kept(out, prepared, rollouts["completion_ids"].device)
+    return trainer.actor.before_updates(trainer.model, kept, trainer.step_context())
 
 
 class PhaseProbe:

@@ -44,7 +44,7 @@ def class_forward_while_generating(model):
 def one_step_per_generation(trainer):
     """TRL 1.16 runs a forward of its own for old log-probs when steps_per_generation x num_iterations exceeds
     gradient_accumulation_steps: full-vocabulary logits over the batch before rollout dropping, outside the
-    budget. The harness computes them on the reduced batch (``Actor.before_updates``), so while TRL generates
+    budget. The harness computes them on the kept batch (``Actor.before_updates``), so while TRL generates
     it sees the values for which it computes none (the only place TRL reads them there)."""
     saved = trainer.args.steps_per_generation, trainer.num_iterations
     trainer.args.steps_per_generation, trainer.num_iterations = 1, 1

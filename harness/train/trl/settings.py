@@ -96,7 +96,7 @@ def grpo_config(preset: PresetConfig, out_dir: Path, seed: int) -> GRPOConfig:
         weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm,
         activation_checkpointing=train.activation_checkpointing,
-        beta=0.0,  # the reference forward, when train.beta > 0, runs in the actor on the reduced batch
+        beta=0.0,  # the reference forward, when train.beta > 0, runs in the actor on the kept batch
         epsilon=train.clip_eps_low,
         epsilon_high=train.clip_eps_high,
         max_steps=max_steps,

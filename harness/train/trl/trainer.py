@@ -6,8 +6,8 @@ clipping, optimizer step). The overrides (each a TRL touch point, ``harness.trai
 - ``_generate_and_score_completions``: after TRL has generated and scored (one round, or dynamic sampling's rounds
   until the step holds its groups with signal: ``harness.train.dynamic_sampling``), the baseline's advantages and
   the method's hooks (``harness.train.hooks.prepare_batch``); dropped rollouts and truncated columns are removed
-  here, before any forward pass (``harness.train.rollout_inputs``), then the actor's no-grad passes
-  (``Actor.before_updates``: pi_old, pi_ref).
+  here, before any forward pass (``Actor.step_batch``: a ``harness.train.step_batch.StepBatch``), then the actor's
+  no-grad passes (``Actor.before_updates``: pi_old, pi_ref).
 - ``_prepare_inputs``: every optimizer step takes its mini-batch from ``harness.train.actor.update_schedule``
   (one mini-batch per generation batch included).
 - ``_compute_loss``: ``Actor.policy_loss``.
@@ -19,7 +19,6 @@ clipping, optimizer step). The overrides (each a TRL touch point, ``harness.trai
 
 from __future__ import annotations
 
-import logging
 import os
 from contextlib import nullcontext
 from pathlib import Path
@@ -34,18 +33,17 @@ from harness.config.rules import ZERO3_REFERENCE, dynamic_sampling_problems
 from harness.config.schema import ConfigError, PresetConfig
 from harness.model.checkpoints import TORCH_DTYPES
 from harness.model.decode import generating_with_sample
-from harness.train.actor import Actor, every_process, update_schedule
+from harness.train.actor import Actor, update_schedule
 from harness.train.budget import (
-    OFF_BUDGET,
     BudgetLedger,
     ModelShape,
     PhaseClock,
     StepAccounting,
     rotate_checkpoints,
 )
-from harness.train.dynamic_sampling import ROLLOUT_TENSORS, GroupCollector, GroupExchange, PromptStream
-from harness.train.hooks import new_rollout_batch, prepare_batch, statistics_read
-from harness.train.rollout_inputs import GROUP_IDS, reduced_inputs
+from harness.train.dynamic_sampling import GroupCollector, GroupExchange, PromptStream, sampled_step
+from harness.train.hooks import new_rollout_batch, statistics_read
+from harness.train.sample_batch import write_sample_batch
 from harness.train.trl.patches import (
     AcceleratorProcesses,
     class_forward_while_generating,
@@ -56,14 +54,9 @@ from harness.train.trl.patches import (
     skippable_step,
 )
 from harness.train.trl.vllm import colocated_engine_settings, colocated_rendezvous, reload_into_cpu_engine
-from methods.base import Method, RolloutBatch, StepContext
+from methods.base import Method, StepContext
 
-logger = logging.getLogger(__name__)
 KEPT_TRAINER_CHECKPOINTS = 2  # the newest complete trainer checkpoint and the one before it
-# prompt groups of a process in sample_batch.json: all rollouts of a group (the advantages need them), few groups
-# (a paper preset's generation batch is thousands of rows of up to 20k tokens: one padded forward over it needed
-# tens of GB, and its JSON with token strings would be gigabytes)
-SAMPLE_BATCH_GROUPS = 4
 
 
 class TargetedGRPOTrainer(GRPOTrainer):
@@ -160,7 +153,7 @@ class TargetedGRPOTrainer(GRPOTrainer):
         groups = train.prompts_per_step // self.accelerator.num_processes
         index = self.accelerator.process_index
         try:  # the same decision (and error) on every process
-            self._updates = update_schedule(batch, batch[GROUP_IDS] - index * groups, groups, train.mini_batches,
+            self._updates = update_schedule(batch, batch.group_ids - index * groups, groups, train.mini_batches,
                                             train.ppo_epochs, self.processes, index)
         except ValueError as error:
             raise RuntimeError(f"method {self.method.name!r}, step {self.state.global_step}: {error}") from error
@@ -219,100 +212,27 @@ class TargetedGRPOTrainer(GRPOTrainer):
             out, rewards_all, _ = self._generate_round(inputs)
             n_local = out["completion_ids"].shape[0]
             rewards = rewards_all[self.accelerator.process_index * n_local:][:n_local]
-        device = out["completion_ids"].device
         # groups of a process are numbered from process_index x its share of prompts_per_step (_prepare_inputs)
         first_group = self.accelerator.process_index * (train.prompts_per_step // self.accelerator.num_processes)
         group_ids = first_group + torch.arange(len(rewards)) // self.num_generations
-        batch = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards, group_ids,
-                                  train.scale_rewards, self.special_token_ids)
+        rollouts = new_rollout_batch(out["completion_ids"].cpu(), out["completion_mask"].cpu(), rewards, group_ids,
+                                     train.scale_rewards, self.special_token_ids)
         if self.sample_batch_path is not None and self.state.global_step == 0:
-            self._write_sample_batch(out, batch)
-        prepared = prepare_batch(self.method, batch, self.step_context())
-        self._require_kept_tokens(len(prepared.rows) == 0 or prepared.length == 0)
-        self._log_train("rollouts/kept_frac", len(prepared.rows) / out["completion_ids"].shape[0])
-        return self.actor.before_updates(self.model, reduced_inputs(out, prepared, device), self.step_context())
-
-    def _require_kept_tokens(self, kept_nothing: bool) -> None:
-        """Raises on every process, with the same message, when the method kept no rollout or no token on any
-        process (``kept_nothing``: this one's), decided in one all-reduce: a process raising alone would leave the
-        others waiting in their next collective. A process with nothing does not take part with a zero-weight row
-        instead: that row's forward would count in the budget and its tokens in the method's denominators (token
-        means over the step's tokens of every process), changing the other processes' losses."""
-        index = self.accelerator.process_index
-        flags = every_process(self.processes, torch.tensor([float(kept_nothing)]), index)[:, 0]
-        empty = torch.nonzero(flags).flatten().tolist()
-        if empty:
-            where = "" if self.accelerator.num_processes == 1 else f" on processes {empty}"
-            raise RuntimeError(f"method {self.method.name!r} kept no rollout or no token in step "
-                               f"{self.state.global_step}{where}; a method must keep at least one token")
+            write_sample_batch(self.sample_batch_path, self.actor, self.model, out, rollouts, self.processing_class,
+                               self.num_generations, self.run_seed, self.accelerator.is_main_process)
+        return self.actor.step_batch(self.model, out, rollouts, self.step_context())
 
     def _dynamically_sampled(self) -> tuple[dict, torch.Tensor]:
-        """DAPO's dynamic sampling (``harness.train.dynamic_sampling``): rounds of ``prompts_per_round`` prompts of
-        the stream until the groups with signal of all processes reach prompts_per_step, or ``max_generation_rounds``
-        rounds; then the trained groups move to the processes that train them (``GroupExchange``). Returns this
-        process's trained groups' rollouts (prompt/completion ids and masks) and summed rewards, and logs the step's
-        counts."""
+        """DAPO's dynamic sampling (``harness.train.dynamic_sampling.sampled_step``) over rounds TRL generates."""
         train = self.preset.train
-        config = train.dynamic_sampling
         collector = GroupCollector(groups_per_step=train.prompts_per_step, processes=self.accelerator.num_processes,
                                    process_index=self.accelerator.process_index, group_size=self.num_generations,
                                    pad_token_id=self.processing_class.pad_token_id)
-        round_prompts = config.prompts_per_round or train.prompts_per_step
-        while True:
-            out, rewards_all, correct_all = self._generate_round(self._stream_inputs(round_prompts))
-            collector.add_round({k: out[k].cpu() for k in ROLLOUT_TENSORS}, rewards_all, correct_all)
-            if collector.full or collector.rounds >= config.max_generation_rounds:
-                break
-        metrics = collector.metrics()
-        for name, value in metrics.items():
-            self._log_train(f"dynamic_sampling/{name}", float(value))
-        self._log_train("dynamic_sampling/epoch", self.prompt_stream.passes)
-        if not collector.full and self.accelerator.is_main_process:
-            logger.warning(f"step {self.state.global_step + 1}: dynamic sampling ran out of its "
-                           f"{config.max_generation_rounds} rounds with {metrics['groups_kept']} of "
-                           f"{train.prompts_per_step} groups with signal; {metrics['groups_filled']} zero-variance "
-                           "groups complete the step (train.dynamic_sampling.max_generation_rounds)")
-        rollouts, rewards = collector.batch(self.exchange_groups(collector, self.accelerator.num_processes))
-        device = out["completion_ids"].device
-        return {k: v.to(device) for k, v in rollouts.items()}, rewards
-
-    def _stream_inputs(self, prompts: int) -> list[dict]:
-        """This process's rows for the next ``prompts`` prompts of the stream (all processes draw the same ones and
-        each takes its contiguous share), each prompt repeated num_generations times as TRL's sampler does."""
-        processes, index = self.accelerator.num_processes, self.accelerator.process_index
-        drawn = self.prompt_stream.take(prompts)
-        share = len(drawn) // processes
-        return [dict(self.train_dataset[i]) for i in drawn[index * share:(index + 1) * share]
-                for _ in range(self.num_generations)]
-
-    def _write_sample_batch(self, out: dict, batch: RolloutBatch) -> None:
-        """The first ``SAMPLE_BATCH_GROUPS`` prompt groups of the first generation batch in the ``harness inspect``
-        format, with token strings: the report colours what each method selects on these same rollouts (a method
-        with batch-wide statistics, e.g. an entropy quantile, selects over these groups, not the whole batch). The
-        forward is the actor's (row chunks, padding-free when the preset is), run by every process on its own first
-        groups (the same number of rows on each: collectives under ZeRO-3/FSDP), not counted in the budget and off
-        its clock; the main process writes its rows."""
-        from harness.data.files import write_json_atomic
-
-        rows = min(SAMPLE_BATCH_GROUPS * self.num_generations, out["completion_ids"].shape[0])
-        inputs = {k: out[k][:rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-        started = self.clock.start()
-        with torch.no_grad(), self.accounting.uncounted():  # the phase name is moot: nothing is counted
-            stats = self.actor.statistics(self.model, inputs, ("entropy", "sum_p2"), "train", backward=False)
-        self.clock.stop(OFF_BUDGET, started)
-        if not self.accelerator.is_main_process:
-            return
-        tokenizer = self.processing_class
-        completion_ids = batch.completion_ids[:rows].tolist()
-        write_json_atomic(self.sample_batch_path, {
-            "completion_ids": completion_ids, "completion_mask": batch.completion_mask[:rows].int().tolist(),
-            "rewards": batch.rewards[:rows].tolist(), "group_ids": batch.group_ids[:rows].tolist(),
-            "logp": stats["logp"].cpu().tolist(), "entropy": stats["entropy"].cpu().tolist(),
-            "sum_p2": stats["sum_p2"].cpu().tolist(), "progress": 0.0, "seed": self.run_seed,
-            "special_token_ids": list(self.special_token_ids), **self.actor.settings.method_record(),
-            "prompts": tokenizer.batch_decode(inputs["prompt_ids"], skip_special_tokens=True),
-            "completion_tokens": [tokenizer.convert_ids_to_tokens(row) for row in completion_ids],
-        }, indent=None)
+        config = train.dynamic_sampling
+        return sampled_step(self._generate_round, self.prompt_stream, self.train_dataset, collector,
+                            config.prompts_per_round or train.prompts_per_step, config.max_generation_rounds,
+                            self.exchange_groups, self._log_train, self.state.global_step + 1,
+                            self.accelerator.is_main_process)
 
     # --- budget, checkpoints, metrics --------------------------------------------------------------------------
 
