@@ -59,9 +59,15 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 DENOMINATORS = ("selected", "aggregation", "all")
+
+
+def fraction(default: float, doc: str):
+    """A kept fraction's setting: in (0, 1]."""
+    return setting(default, doc, low=0.0, low_open=True, high=1.0)
 
 
 def lerp(start: float, end: float, progress: float) -> float:
@@ -128,32 +134,24 @@ class D3S(Method):
 
     @dataclass
     class Config:
-        group_keep_start: float = 0.75
-        """Fraction of each prompt group's rollouts kept by the per-group max-Var(A) pass at progress 0 (assumed)."""
-        group_keep_end: float = 1.0
-        """... at progress 1 (assumed)."""
-        batch_keep_start: float = 0.5
-        """Fraction of the generation batch kept by the cross-group max-Var(A) pass at progress 0 (assumed)."""
-        batch_keep_end: float = 1.0
-        """... at progress 1 (assumed)."""
-        token_keep_start: float = 0.2
-        """Fraction of the kept rollouts' tokens selected by |A| * H at progress 0 (assumed)."""
-        token_keep_end: float = 1.0
-        """... at progress 1 (assumed)."""
-        denominator: str = "aggregation"
-        """Loss denominator. "aggregation": the run's aggregation (train.aggregation) over the selected tokens, so
-        the end of the schedule is the baseline (under token-mean: |K|, identical to "selected"); "selected": |K|
-        (token-mean over K, whatever train.aggregation says); "all": the run's aggregation over every token of the
-        kept rollouts, unselected tokens weigh 0."""
+        group_keep_start: float = fraction(
+            0.75, "Fraction of each prompt group's rollouts kept by the per-group max-Var(A) pass at progress 0 "
+            "(assumed).")
+        group_keep_end: float = fraction(1.0, "... at progress 1 (assumed).")
+        batch_keep_start: float = fraction(
+            0.5, "Fraction of the generation batch kept by the cross-group max-Var(A) pass at progress 0 (assumed).")
+        batch_keep_end: float = fraction(1.0, "... at progress 1 (assumed).")
+        token_keep_start: float = fraction(
+            0.2, "Fraction of the kept rollouts' tokens selected by |A| * H at progress 0 (assumed).")
+        token_keep_end: float = fraction(1.0, "... at progress 1 (assumed).")
+        denominator: str = setting(
+            "aggregation", 'Loss denominator. "aggregation": the run\'s aggregation (train.aggregation) over the '
+            'selected tokens, so the end of the schedule is the baseline (under token-mean: |K|, identical to '
+            '"selected"); "selected": |K| (token-mean over K, whatever train.aggregation says); "all": the run\'s '
+            'aggregation over every token of the kept rollouts, unselected tokens weigh 0.', choices=DENOMINATORS)
 
         def __post_init__(self):
-            for name in ("group_keep_start", "group_keep_end", "batch_keep_start", "batch_keep_end",
-                         "token_keep_start", "token_keep_end"):
-                value = getattr(self, name)
-                if not 0.0 < value <= 1.0:
-                    raise ValueError(f"method.{name} must lie in (0, 1], got {value!r}")
-            if self.denominator not in DENOMINATORS:
-                raise ValueError(f"method.denominator must be one of {list(DENOMINATORS)}, got {self.denominator!r}")
+            check_declared(self, "method.")
 
     def schedule(self, progress: float) -> tuple[float, float, float]:
         """(group_keep, batch_keep, token_keep) at budget progress p: linear from the start to the end values."""

@@ -53,6 +53,7 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 SEMANTICS = ("verl", "trl", "ets")
@@ -124,24 +125,20 @@ class Entropy(Method):
 
     @dataclass
     class Config:
-        rho: float = 0.2
-        """Fraction of the batch's completion tokens kept, by entropy (paper: 0.2; ablations 0.1/0.5/1.0)."""
-        semantics: str = "verl"
-        """"verl": official top-k with k = max(1, int(n rho + 0.9999)); "trl": TRL's quantile threshold, ties kept;
-        "ets": the GMTS paper's ETS baseline (threshold at the int(n (1 - rho))-th lowest entropy, ties kept, zero
-        entropies dropped)."""
-        denominator: str = "auto"
-        """"auto": the semantics' own ("selected" for verl, "all" for trl and ets); "selected": the run's
-        aggregation over the selected tokens; "all": the run's aggregation over every completion token, unselected
-        ones weigh 0."""
+        rho: float = setting(
+            0.2, "Fraction of the batch's completion tokens kept, by entropy (paper: 0.2; ablations 0.1/0.5/1.0).",
+            low=0.0, low_open=True, high=1.0)
+        semantics: str = setting(
+            "verl", '"verl": official top-k with k = max(1, int(n rho + 0.9999)); "trl": TRL\'s quantile threshold, '
+            'ties kept; "ets": the GMTS paper\'s ETS baseline (threshold at the int(n (1 - rho))-th lowest entropy, '
+            'ties kept, zero entropies dropped).', choices=SEMANTICS)
+        denominator: str = setting(
+            "auto", '"auto": the semantics\' own ("selected" for verl, "all" for trl and ets); "selected": the run\'s '
+            'aggregation over the selected tokens; "all": the run\'s aggregation over every completion token, '
+            'unselected ones weigh 0.', choices=DENOMINATORS)
 
         def __post_init__(self):
-            if not 0.0 < self.rho <= 1.0:
-                raise ValueError(f"method.rho must be in (0, 1], got {self.rho!r}")
-            if self.semantics not in SEMANTICS:
-                raise ValueError(f"method.semantics must be one of {list(SEMANTICS)}, got {self.semantics!r}")
-            if self.denominator not in DENOMINATORS:
-                raise ValueError(f"method.denominator must be one of {list(DENOMINATORS)}, got {self.denominator!r}")
+            check_declared(self, "method.")
 
     def denominator_mode(self) -> str:
         if self.config.denominator != "auto":

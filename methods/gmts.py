@@ -58,6 +58,7 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 SCOPES = ("group", "batch")
@@ -118,26 +119,25 @@ class GMTS(Method):
 
     @dataclass
     class Config:
-        remove_fraction: float = 0.8
-        """Fraction of each scope's tokens REMOVED, lowest scores first (official semantic; paper rho = 1 - this).
-        At least one token is always removed: max(1, ceil(remove_fraction N))."""
-        scope: str = "group"
-        """"group": rank within each prompt group (Framework1); "batch": one ranking over the whole batch (paper)."""
-        denominator: str = "all"
-        """"all": the run's aggregation over every completion token, unselected ones weigh 0 (official code);
-        "selected": the run's aggregation over the selected tokens (paper text, S_rho)."""
-        score: str = "entropy"
-        """"entropy": H |omega| (paper, code); "exact_gradient": |omega| sqrt(1 - 2 p_y + sum p^2) (ablation)."""
-        fold_aggregation: bool = False
-        """Multiply omega by the token's aggregation weight w/D (Framework1 GRPO: A / (G |o_i|)); False: raw A."""
+        remove_fraction: float = setting(
+            0.8, "Fraction of each scope's tokens REMOVED, lowest scores first (official semantic; paper rho = 1 - "
+            "this). At least one token is always removed: max(1, ceil(remove_fraction N)).", low=0.0, high=1.0)
+        scope: str = setting(
+            "group", '"group": rank within each prompt group (Framework1); "batch": one ranking over the whole batch '
+            '(paper).', choices=SCOPES)
+        denominator: str = setting(
+            "all", '"all": the run\'s aggregation over every completion token, unselected ones weigh 0 (official '
+            'code); "selected": the run\'s aggregation over the selected tokens (paper text, S_rho).',
+            choices=DENOMINATORS)
+        score: str = setting(
+            "entropy", '"entropy": H |omega| (paper, code); "exact_gradient": |omega| sqrt(1 - 2 p_y + sum p^2) '
+            '(ablation).', choices=SCORES)
+        fold_aggregation: bool = setting(
+            False, "Multiply omega by the token's aggregation weight w/D (Framework1 GRPO: A / (G |o_i|)); False: raw "
+            "A.")
 
         def __post_init__(self):
-            if not 0.0 <= self.remove_fraction <= 1.0:
-                raise ValueError(f"method.remove_fraction must be in [0, 1], got {self.remove_fraction!r}")
-            for name, allowed in (("scope", SCOPES), ("denominator", DENOMINATORS), ("score", SCORES)):
-                value = getattr(self, name)
-                if value not in allowed:
-                    raise ValueError(f"method.{name} must be one of {list(allowed)}, got {value!r}")
+            check_declared(self, "method.")
 
     def __init__(self, config=None):
         super().__init__(config)

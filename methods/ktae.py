@@ -54,6 +54,7 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 TF_EPS = 1e-5  # compute_key_tokens.py: tf_C / (tf_W + 1e-5) - tf_W / (tf_C + 1e-5)
@@ -133,32 +134,24 @@ class KTAE(Method):
 
     @dataclass
     class Config:
-        alpha: float = 1.0
-        """Weight of the Fisher term F (official effective value 1.0; 0 switches it off)."""
-        beta: float = 1.0
-        """Weight of the information gain IG (official effective 1.0; the run scripts' beta_ig = 2 is overridden)."""
-        gamma: float = 1.0
-        """Nonzero adds the BM25 frequency term to the direction x (official: an on/off switch, effective 1.0)."""
-        top: float = 1.0
-        """Key range: key in (-top, top) (official 1.0)."""
-        bm25_k1: float = 2.0
-        """BM25 k1 of the frequency term (hard-coded 2.0 in the official code)."""
-        bm25_b: float = 0.5
-        """BM25 length normalisation b (hard-coded 0.5 in the official code)."""
+        alpha: float = setting(
+            1.0, "Weight of the Fisher term F (official effective value 1.0; 0 switches it off).", low=0.0)
+        beta: float = setting(
+            1.0, "Weight of the information gain IG (official effective 1.0; the run scripts' beta_ig = 2 is "
+            "overridden).", low=0.0)
+        gamma: float = setting(
+            1.0, "Nonzero adds the BM25 frequency term to the direction x (official: an on/off switch, effective "
+            "1.0).", low=0.0)
+        top: float = setting(1.0, "Key range: key in (-top, top) (official 1.0).", low=0.0, low_open=True)
+        bm25_k1: float = setting(
+            2.0, "BM25 k1 of the frequency term (hard-coded 2.0 in the official code).", low=0.0, low_open=True)
+        bm25_b: float = setting(
+            0.5, "BM25 length normalisation b (hard-coded 0.5 in the official code).", low=0.0, high=1.0)
 
         def __post_init__(self):
-            for name in ("alpha", "beta", "gamma"):
-                value = getattr(self, name)
-                if not (math.isfinite(value) and value >= 0.0):
-                    raise ValueError(f"method.{name} must be a finite number >= 0, got {value!r}")
+            check_declared(self, "method.")
             if not self.alpha + self.beta > 0.0:
                 raise ValueError(f"method.alpha + method.beta must be > 0, got {self.alpha!r} + {self.beta!r}")
-            if not (math.isfinite(self.top) and self.top > 0.0):
-                raise ValueError(f"method.top must be a finite number > 0, got {self.top!r}")
-            if not (math.isfinite(self.bm25_k1) and self.bm25_k1 > 0.0):
-                raise ValueError(f"method.bm25_k1 must be a finite number > 0, got {self.bm25_k1!r}")
-            if not 0.0 <= self.bm25_b <= 1.0:
-                raise ValueError(f"method.bm25_b must be in [0, 1], got {self.bm25_b!r}")
 
     def batch_keys(self, completion_ids: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,
                    group_ids: torch.Tensor, special_token_ids: tuple[int, ...]) -> torch.Tensor:

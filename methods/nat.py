@@ -53,6 +53,7 @@ from methods.base import (
     aggregation_row_denominators,
     aggregation_weights,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 SCHEMES = ("rpc", "urs")
@@ -102,17 +103,16 @@ class NAT(Method):
 
     @dataclass
     class Config:
-        scheme: str = "rpc"
-        """Token sampling scheme. "rpc": random prefix cutting, c ~ Uniform{1..|o|}, sequences truncated before the
-        forward pass; "urs": uniform random sampling, Bernoulli(q) per token, no truncation."""
-        q: float = 0.5
-        """URS inclusion probability per token (the paper's "as few as 50 % of tokens"); ignored by RPC."""
+        scheme: str = setting(
+            "rpc", 'Token sampling scheme. "rpc": random prefix cutting, c ~ Uniform{1..|o|}, sequences truncated '
+            'before the forward pass; "urs": uniform random sampling, Bernoulli(q) per token, no truncation.',
+            choices=SCHEMES)
+        q: float = setting(
+            0.5, 'URS inclusion probability per token (the paper\'s "as few as 50 % of tokens"); ignored by RPC.',
+            low=0.0, low_open=True, high=1.0)
 
         def __post_init__(self):
-            if self.scheme not in SCHEMES:
-                raise ValueError(f"method.scheme must be one of {list(SCHEMES)}, got {self.scheme!r}")
-            if not 0.0 < self.q <= 1.0:
-                raise ValueError(f"method.q must lie in (0, 1], got {self.q!r}")
+            check_declared(self, "method.")
 
     def before_forward(self, batch: RolloutBatch, ctx: StepContext) -> RolloutBatch:
         mask = batch.completion_mask  # (B, T), the original completion

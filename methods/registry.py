@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from methods.base import Method, check_needs
 
 ENTRY_POINT_GROUP = "harness.methods"
-INFRASTRUCTURE_MODULES = ("base", "registry")  # modules of the package that define no method
+INFRASTRUCTURE_MODULES = ("base", "declaration", "registry")  # modules of the package that define no method
 _REGISTRY: dict[str, type[Method]] = {}
 _import_failures: dict[str, str] = {}  # module or entry point -> why it did not import (file and line)
 _methods_loaded = False

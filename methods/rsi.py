@@ -37,6 +37,7 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.registry import register_method
 
 DENOMINATORS = ("all", "selected")
@@ -63,22 +64,19 @@ class RSI(Method):
 
     @dataclass
     class Config:
-        low: float = 0.5
-        """Lower end a of the kept RSI band (inclusive); ASSUMED, the paper's value is unknown."""
-        high: float | None = 2.0
-        """Upper end b of the kept RSI band (inclusive); null: no upper end, every token from a up is kept; ASSUMED,
-        the paper's value is unknown."""
-        denominator: str = "all"
-        """"all": the run's aggregation over every completion token, unselected ones weigh 0 (ports);
-        "selected": the run's aggregation over the selected tokens."""
+        low: float = setting(
+            0.5, "Lower end a of the kept RSI band (inclusive); ASSUMED, the paper's value is unknown.", low=0.0)
+        high: float | None = setting(
+            2.0, "Upper end b of the kept RSI band (inclusive); null: no upper end, every token from a up is kept; "
+            "ASSUMED, the paper's value is unknown.")
+        denominator: str = setting(
+            "all", '"all": the run\'s aggregation over every completion token, unselected ones weigh 0 (ports); '
+            '"selected": the run\'s aggregation over the selected tokens.', choices=DENOMINATORS)
 
         def __post_init__(self):
-            if not (math.isfinite(self.low) and self.low >= 0.0):
-                raise ValueError(f"method.low must be a finite number >= 0, got {self.low!r}")
+            check_declared(self, "method.")
             if self.high is not None and not self.high >= self.low:  # also rejects NaN
                 raise ValueError(f"method.high must be >= method.low = {self.low!r} or null, got {self.high!r}")
-            if self.denominator not in DENOMINATORS:
-                raise ValueError(f"method.denominator must be one of {list(DENOMINATORS)}, got {self.denominator!r}")
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
         if stats.entropy is None:

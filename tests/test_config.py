@@ -1,6 +1,7 @@
 """Configuration: every bad input stops the run at start with the dotted key and what is allowed."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -56,6 +57,45 @@ def test_method_field_out_of_range_names_the_file():
         load_method("entropy", ["rho=1.5"])
 
 
+@pytest.mark.parametrize("rho, accepted", [(0.0, False), (math.nan, False), (math.inf, False), (1.5, False),
+                                           (1.0, True), (1e-9, True)])
+def test_a_method_setting_outside_its_declared_range_is_refused_with_its_key(rho, accepted):
+    from methods.entropy import Entropy
+
+    if accepted:
+        assert Entropy.Config(rho=rho).rho == rho
+    else:
+        with pytest.raises(ValueError, match=r"^key 'method.rho': .* is outside the allowed range \(0.0, 1.0\]$"):
+            Entropy.Config(rho=rho)
+
+
+def test_a_method_label_override_outside_the_declared_range_names_the_file_and_key():
+    with pytest.raises(ConfigError, match=r"entropy.yaml.*key 'method.rho': 0.0 is outside the allowed range "
+                                          r"\(0.0, 1.0\]"):
+        load_method("entropy", ["rho=0"])
+    assert load_method("entropy", ["rho=1.0"]).params.rho == 1.0
+
+
+def test_declared_ranges_refuse_nan_and_infinity_skip_null_and_show_open_ends():
+    from methods.declaration import declared_problems, setting
+
+    @dataclasses.dataclass
+    class Example:
+        count: int = setting(1, "at least one", low=1)
+        share: float = setting(0.5, "strictly between 0 and 1", low=0.0, low_open=True, high=1.0, high_open=True)
+        free: float = setting(0.5, "no range: not checked")
+        cap: float | None = setting(None, "null = none", low=0.0)
+
+    assert declared_problems(Example(free=math.nan)) == []
+    assert declared_problems(Example(count=0, share=1.0, cap=-1.0), "x.") == [
+        "key 'x.count': 0 is outside the allowed range [1, inf)",
+        "key 'x.share': 1.0 is outside the allowed range (0.0, 1.0)",
+        "key 'x.cap': -1.0 is outside the allowed range [0.0, inf)"]
+    assert declared_problems(Example(share=math.nan, cap=math.inf)) == [
+        "key 'share': nan is outside the allowed range (0.0, 1.0)",
+        "key 'cap': inf is outside the allowed range [0.0, inf)"]
+
+
 def test_snakemake_style_overrides_nested_and_set_string():
     resolved = resolve({"name": "x", "preset": "tiny", "methods": ["uniform"], "seeds": [0],
                         "train": {"learning_rate": "3e-4"}, "set": "eval.k=2 train.budget.amount=5"})
@@ -81,9 +121,9 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys):
 
 def test_schema_choices_are_the_owners_names():
     from harness.config import choices
-    from harness.config.declaration import declared
     from harness.config.schema import BenchmarkConfig, BudgetConfig, PresetConfig, TrainConfig
     from methods.base import AGGREGATIONS
+    from methods.declaration import declared
 
     assert declared(TrainConfig, "aggregation").choices is AGGREGATIONS
     assert declared(TrainConfig, "reward").choices is choices.SCORERS
@@ -138,13 +178,22 @@ def schema_fields(cls: type) -> list:
 
 
 def test_every_setting_is_declared_with_its_documentation():
-    from harness.config.declaration import declaration
     from harness.config.schema import BenchmarkConfig, PresetConfig, SweepConfig
+    from methods.declaration import declaration
 
     fields = [*schema_fields(SweepConfig), *schema_fields(PresetConfig), *schema_fields(BenchmarkConfig)]
     undocumented = [f"{cls.__name__}.{f.name}" for cls, f in fields if not declaration(f).doc
                     and not (f.default_factory is not dataclasses.MISSING
                              and dataclasses.is_dataclass(f.default_factory()))]
+    assert undocumented == []
+
+
+def test_every_method_setting_is_declared_with_its_documentation():
+    from harness.config.reference import builtin_methods
+    from methods.declaration import declaration
+
+    undocumented = [f"{name}.{f.name}" for name, cls in builtin_methods().items()
+                    for f in dataclasses.fields(cls.Config) if not declaration(f).doc]
     assert undocumented == []
 
 
@@ -162,6 +211,9 @@ def test_the_committed_config_reference_is_generated_from_the_declarations():
     generated = reference()
     for key in ("train.budget.checkpoint_fractions", "eval.benchmarks.<name>.scorer", "resources.train.gpus"):
         assert f"| `{key}` |" in generated
-    assert "| `q` | float | `0.5` |  | URS inclusion probability" in generated  # a method field's docstring
+    # a method field's declaration: its range, choices and documentation
+    assert "| `q` | float | `0.5` | (0.0, 1.0] | URS inclusion probability" in generated
+    assert "| `scheme` | str | `\"rpc\"` | `rpc`, `urs` | Token sampling scheme." in generated
+    assert "| `bm25_k1` | float | `2.0` | > 0.0 | BM25 k1" in generated
     committed = (REPO_ROOT / "docs" / "config-reference.md").read_text(encoding="utf-8")
     assert committed == generated, "stale: run python -m harness.config.reference > docs/config-reference.md"

@@ -250,9 +250,9 @@ def test_a_run_records_the_hub_checksums(tmp_path, offline_hub, tiny_sweep):
 
 def test_every_transform_name_is_implemented():
     from harness.config import choices
-    from harness.config.declaration import declared
     from harness.config.schema import HubDataConfig
     from harness.data.hub import PROBLEM_TRANSFORMS
+    from methods.declaration import declared
 
     assert declared(HubDataConfig, "problem_transform").choices is choices.HUB_PROBLEM_TRANSFORMS
     assert tuple(PROBLEM_TRANSFORMS) == choices.HUB_PROBLEM_TRANSFORMS

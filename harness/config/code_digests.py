@@ -1,12 +1,13 @@
 """Which code a result came from: digests of the source files that decide it, recorded in every run and result.
 
 A method module is the label's own code: its source (and the modules of its package it imports, but the shared
-``base`` and ``registry``) is part of the label's training digest (``harness.config.snapshot.train_job_config``),
-so editing a method reruns exactly that method's train jobs. Shared code is not: rerunning every job of a sweep on
-every edit of ``harness/`` would make the sweep unusable while it is developed. Instead every run records the digest
-of the shared training code, of the evaluation code (scoring, lm-eval task YAMLs) and of the installed package set
-(``code_record``); ``stale_by_code`` names the finished runs whose recorded digests differ from the checkout's, for
-``harness plan`` and the Snakefile's parse to list, and the report marks comparisons across them.
+``base``, ``declaration`` and ``registry``) is part of the label's training digest
+(``harness.config.snapshot.train_job_config``), so editing a method reruns exactly that method's train jobs. Shared
+code is not: rerunning every job of a sweep on every edit of ``harness/`` would make the sweep unusable while it is
+developed. Instead every run records the digest of the shared training code, of the evaluation code (scoring,
+lm-eval task YAMLs) and of the installed package set (``code_record``); ``stale_by_code`` names the finished runs
+whose recorded digests differ from the checkout's, for ``harness plan`` and the Snakefile's parse to list, and the
+report marks comparisons across them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from harness.config.paths import REPO_ROOT
 # shared code per result kind, as paths below the checkout (folders: every .py, .yaml and .j2 file in them)
 TRAINING_CODE = ("harness/train", "harness/model", "harness/data", "methods/base.py", "methods/registry.py")
 EVALUATION_CODE = ("harness/evaluation", "harness/data", "harness/model")
-SHARED_METHOD_MODULES = ("base", "registry")
+SHARED_METHOD_MODULES = ("base", "declaration", "registry")
 SOURCE_SUFFIXES = (".py", ".yaml", ".j2")
 
 
@@ -48,7 +49,7 @@ def source_files(parts: tuple[str, ...], root: Path = REPO_ROOT) -> list[Path]:
 
 def method_source_files(method: str) -> list[Path]:
     """The registered method's module file and the modules of its package it imports (transitively), but the
-    package's shared ``base`` and ``registry``."""
+    package's shared ``base``, ``declaration`` and ``registry``."""
     from methods.registry import get_method_class
 
     first = Path(inspect.getsourcefile(get_method_class(method))).resolve()

@@ -4,7 +4,7 @@ Overrides come as dotted ``key=value`` strings (CLI ``--set``, Snakemake ``--con
 mappings (Snakemake ``--config 'train={learning_rate: 1e-4}'``).
 
 Every error names the file, the dotted key and what is allowed: unknown keys, wrong types, values out of their
-declared choices or range (``harness/config/declaration.py``), broken rules across keys (``harness/config/rules.py``),
+declared choices or range (``methods/declaration.py``), broken rules across keys (``harness/config/rules.py``),
 unusable local input files: empty, malformed rows, a benchmark's problems in the training file
 (``harness/config/inputs.py``).
 """
@@ -18,7 +18,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.config.declaration import declared_problems
 from harness.config.inputs import input_file_problems
 from harness.config.paths import CONFIG_DIR, REPO_ROOT
 from harness.config.rules import (
@@ -39,6 +38,7 @@ from harness.config.schema import (
     Resolved,
     SweepConfig,
 )
+from methods.declaration import declared_problems
 
 
 def load_yaml(path: Path) -> DictConfig:

@@ -1,4 +1,4 @@
-"""Rules across keys: what a single setting's declaration (``harness/config/declaration.py``) cannot say.
+"""Rules across keys: what a single setting's declaration (``methods/declaration.py``) cannot say.
 
 ``section_problems`` holds the rules inside one section (run by the loader whenever a schema is built from YAML or
 a resolved sweep), ``sweep_problems`` and ``missing_input_files`` the sweep's, ``check_launch`` those across

@@ -8,7 +8,7 @@ sweep's seeds, so a second label of the same method draws other randomness: the 
 method's ``Config``.
 
 Each setting is declared once, with its default, documentation, allowed values and range
-(``harness/config/declaration.py``); docs/config-reference.md is generated from these declarations
+(``methods/declaration.py``); docs/config-reference.md is generated from these declarations
 (``python -m harness.config.reference``). Loading, overrides and the error messages are
 ``harness/config/loading.py``; rules across keys are ``harness/config/rules.py``.
 """
@@ -24,9 +24,9 @@ from typing import Any
 from omegaconf import MISSING, OmegaConf
 
 from harness.config.choices import BUDGET_KINDS, HUB_PROBLEM_TRANSFORMS, KL_ESTIMATORS, PROMPT_TEMPLATES, SCORERS
-from harness.config.declaration import section, setting
 from harness.config.paths import REPO_ROOT
 from methods.base import AGGREGATIONS
+from methods.declaration import section, setting
 
 
 class ConfigError(ValueError):

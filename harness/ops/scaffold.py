@@ -31,6 +31,7 @@ from methods.base import (
     TokenWeights,
     aggregate,
 )
+from methods.declaration import check_declared, setting
 from methods.entropy import quantile_entropy_mask
 from methods.registry import register_method
 
@@ -42,12 +43,12 @@ class {cls}(Method):
 
     @dataclass
     class Config:
-        rho: float = 0.2
-        """Fraction of completion tokens kept (the paper's default)."""
+        # one setting(default, doc, choices=..., low=..., high=...) per field: docs/config-reference.md shows them
+        rho: float = setting(0.2, "Fraction of completion tokens kept (the paper's default).", low=0.0,
+                             low_open=True, high=1.0)
 
         def __post_init__(self):
-            if not 0.0 < self.rho <= 1.0:
-                raise ValueError(f"method.rho must be in (0, 1], got {{self.rho!r}}")
+            check_declared(self, "method.")  # a value outside its declared choices or range; then rules across fields
 
     def token_weights(self, stats: TokenStats, batch: RolloutBatch, ctx: StepContext) -> TokenWeights:
         if stats.entropy is None:

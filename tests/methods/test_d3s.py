@@ -240,7 +240,7 @@ def test_registry_needs_and_config_checks():
     assert get_method_class("d3s") is D3S
     assert D3S.needs == frozenset({"entropy"})
     assert D3S.deviations
-    with pytest.raises(ValueError, match=r"token_keep_start.*\(0, 1\].*1\.5"):
+    with pytest.raises(ValueError, match=r"'method.token_keep_start': 1.5 is outside the allowed range \(0.0, 1.0\]"):
         D3S.Config(token_keep_start=1.5)
     with pytest.raises(ValueError, match="batch_keep_end"):
         D3S.Config(batch_keep_end=0.0)

@@ -215,10 +215,11 @@ def test_gradient_matches_the_paper_loss(semantics):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("rho", 1.5, "method.rho must be in (0, 1], got 1.5"),
-    ("rho", 0.0, "method.rho must be in (0, 1], got 0.0"),
-    ("semantics", "openrlhf", "method.semantics must be one of ['verl', 'trl', 'ets']"),
-    ("denominator", "tokens", "method.denominator must be one of ['auto', 'selected', 'all']"),
+    ("rho", 1.5, "key 'method.rho': 1.5 is outside the allowed range (0.0, 1.0]"),
+    ("rho", 0.0, "key 'method.rho': 0.0 is outside the allowed range (0.0, 1.0]"),
+    ("rho", math.nan, "key 'method.rho': nan is outside the allowed range (0.0, 1.0]"),
+    ("semantics", "openrlhf", "key 'method.semantics': 'openrlhf' is not one of ['verl', 'trl', 'ets']"),
+    ("denominator", "tokens", "key 'method.denominator': 'tokens' is not one of ['auto', 'selected', 'all']"),
 ])
 def test_config_range_checks(field, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -228,10 +228,10 @@ def test_gradient_matches_the_official_loss(denominator):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("remove_fraction", 1.5, "method.remove_fraction must be in [0, 1], got 1.5"),
-    ("scope", "micro", "method.scope must be one of ['group', 'batch'], got 'micro'"),
-    ("denominator", "tokens", "method.denominator must be one of ['all', 'selected']"),
-    ("score", "norm", "method.score must be one of ['entropy', 'exact_gradient']"),
+    ("remove_fraction", 1.5, "key 'method.remove_fraction': 1.5 is outside the allowed range [0.0, 1.0]"),
+    ("scope", "micro", "key 'method.scope': 'micro' is not one of ['group', 'batch']"),
+    ("denominator", "tokens", "key 'method.denominator': 'tokens' is not one of ['all', 'selected']"),
+    ("score", "norm", "key 'method.score': 'norm' is not one of ['entropy', 'exact_gradient']"),
 ])
 def test_config_range_checks(field, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):

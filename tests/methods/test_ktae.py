@@ -219,10 +219,12 @@ def test_gradient_matches_the_loss_with_additive_key():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"alpha": -1.0}, "method.alpha must be a finite number >= 0, got -1.0"),
+    ({"alpha": -1.0}, "key 'method.alpha': -1.0 is outside the allowed range [0.0, inf)"),
+    ({"gamma": math.inf}, "key 'method.gamma': inf is outside the allowed range [0.0, inf)"),
     ({"alpha": 0.0, "beta": 0.0}, "method.alpha + method.beta must be > 0, got 0.0 + 0.0"),
-    ({"top": 0.0}, "method.top must be a finite number > 0, got 0.0"),
-    ({"bm25_b": 1.5}, "method.bm25_b must be in [0, 1], got 1.5"),
+    ({"top": 0.0}, "key 'method.top': 0.0 is outside the allowed range (0.0, inf)"),
+    ({"bm25_k1": math.nan}, "key 'method.bm25_k1': nan is outside the allowed range (0.0, inf)"),
+    ({"bm25_b": 1.5}, "key 'method.bm25_b': 1.5 is outside the allowed range [0.0, 1.0]"),
 ])
 def test_config_range_checks(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

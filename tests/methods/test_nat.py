@@ -272,9 +272,9 @@ def test_registry_needs_and_config_checks():
     assert get_method_class("nat") is NAT
     assert NAT.needs == frozenset()
     assert NAT.deviations
-    with pytest.raises(ValueError, match=r"q must lie in \(0, 1\], got 0"):
+    with pytest.raises(ValueError, match=r"key 'method.q': 0.0 is outside the allowed range \(0.0, 1.0\]"):
         NAT.Config(q=0.0)
-    with pytest.raises(ValueError, match="scheme.*'rpc'.*'bernoulli'"):
+    with pytest.raises(ValueError, match=r"key 'method.scheme': 'bernoulli' is not one of \['rpc', 'urs'\]"):
         NAT.Config(scheme="bernoulli")
     batch = make_batch([3], 3)
     with pytest.raises(ValueError, match="before_forward"):

@@ -145,10 +145,10 @@ def test_gradient_matches_the_masked_loss(denominator):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"low": -0.1}, "method.low must be a finite number >= 0, got -0.1"),
+    ({"low": -0.1}, "key 'method.low': -0.1 is outside the allowed range [0.0, inf)"),
     ({"low": 1.0, "high": 0.5}, "method.high must be >= method.low = 1.0 or null, got 0.5"),
     ({"high": math.nan}, "method.high must be >= method.low"),
-    ({"denominator": "tokens"}, "method.denominator must be one of ['all', 'selected'], got 'tokens'"),
+    ({"denominator": "tokens"}, "key 'method.denominator': 'tokens' is not one of ['all', 'selected']"),
 ])
 def test_config_range_checks(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
