@@ -408,7 +408,9 @@ def cmd_prefetch(args) -> None:
 def cmd_rehearse(args) -> None:
     from harness.ops.rehearsal import rehearse
 
-    failed = [sweep for sweep in args.sweeps if rehearse(Path(sweep), Path(args.out), args.mode, args.cores)]
+    labels = args.labels.split(",") if args.labels else None
+    failed = [sweep for sweep in args.sweeps
+              if rehearse(Path(sweep), Path(args.out), args.mode, args.cores, labels=labels)]
     if failed:
         raise SystemExit(f"harness rehearse: {len(failed)} of {len(args.sweeps)} rehearsals failed: {failed}")
 
@@ -568,6 +570,8 @@ COMMANDS = (
                 arg("--mode", choices=("cpu", "vllm-cpu", "cuda"), default="cpu",
                     help="cpu: 2 accelerate processes, transformers rollouts (default); vllm-cpu: vLLM's CPU build "
                          "in one training process; cuda: one GPU with the preset's colocated vLLM"),
+                arg("--labels", help="only these of each sweep's methods, comma-separated, e.g. uniform,nat (default: "
+                                     "all)"),
             )),
     Command("verify", "replay a recorded run's first steps here",
             "Reports the first divergence or bit-identical; exit status 1 when it diverges "

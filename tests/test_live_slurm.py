@@ -1,5 +1,7 @@
 """A reduced tiny sweep through a real Slurm cluster (`snakemake --profile profiles/slurm`), against the same sweep
-run locally with `--cores 2`; both run at once.
+run locally with `--cores 2`. The local sweep starts once the Slurm sweep's warm start is done, from a copy of its data
+and warm-start folders (computed once: both sweeps' data and warm start were the same files in every earlier run, and
+the pair cost ~90 s of CI's hour); from there both run at once.
 
 On the Slurm side two training jobs are interrupted on purpose, once each, and the profile's retry resubmits them:
 - uniform: cancelled with `scancel` after its first trainer checkpoint;
@@ -79,6 +81,7 @@ SWEEP = {
     # warm start's in rule eval_warmstart); the job list below counts on it
     "eval": {"k": 2, "max_gen_toks": 32, "job_scope": "checkpoint"},
 }
+WARMSTART_DONE = re.compile(r"Finished jobid: \d+ \(Rule: warmstart\)")  # in the Slurm sweep's Snakemake log
 # values that measure time or memory, not the computation
 VOLATILE = re.compile(r"seconds|time|memory|step_time|_s$")
 TIMEOUT_S = 1500
@@ -141,9 +144,8 @@ def sweeps(tmp_path_factory):
     local_dir, slurm_dir = tmp_path_factory.mktemp("local"), tmp_path_factory.mktemp("slurm")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     started = time.monotonic()
-    local = subprocess.Popen([*SNAKEMAKE, "--directory", str(local_dir), "--configfile", str(_write_sweep(local_dir)),
-                              "--cores", "2"], stdout=(local_dir / "snakemake.out").open("w"),
-                             stderr=subprocess.STDOUT, env=env)
+    local = None  # started from the Slurm sweep's data and warm start (module docstring)
+    local_sweep = _write_sweep(local_dir)
     # a login shell's PATH, without the venv: jobs inherit it
     bare_env = {**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"}
     slurm_log = slurm_dir / "snakemake.out"
@@ -160,6 +162,12 @@ def sweeps(tmp_path_factory):
             if time.monotonic() - started > TIMEOUT_S:
                 raise AssertionError(f"the Slurm sweep did not finish in {TIMEOUT_S} s:\n"
                                      + slurm_log.read_text()[-4000:])
+            if local is None and WARMSTART_DONE.search(slurm_log.read_text()):
+                for folder in ("data", "warmstart"):  # copy2: the times too, so the local DAG finds them complete
+                    shutil.copytree(root / folder, local_dir / "results" / "live" / folder)
+                local = subprocess.Popen([*SNAKEMAKE, "--directory", str(local_dir), "--configfile", str(local_sweep),
+                                          "--cores", "2"], stdout=(local_dir / "snakemake.out").open("w"),
+                                         stderr=subprocess.STDOUT, env=env)
             for job_id, job in _squeue().items():
                 seen.setdefault(job_id, job)
                 states.setdefault(job_id, set()).add(job["state"])
@@ -177,10 +185,11 @@ def sweeps(tmp_path_factory):
                     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True, timeout=30)
             time.sleep(1)
         slurm_seconds = time.monotonic() - started
+        assert local is not None, "the Slurm sweep finished without a warm start:\n" + slurm_log.read_text()[-4000:]
         local.wait(timeout=max(60, TIMEOUT_S - (time.monotonic() - started)))
     finally:
         for proc in (slurm, local):
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=60)
     for job_id in list(states):  # the final states (finished jobs stay visible for MinJobAge)

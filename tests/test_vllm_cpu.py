@@ -379,11 +379,12 @@ if __name__ == "__main__":  # the probes' fresh processes: the checkout first on
                                                        "setup)")
 def test_paper_ktae_rehearses_with_vllm_rollouts_and_evaluation_on_cpu(tmp_path, capsys):
     """The paper-ktae rehearsal (harness/ops/rehearsal.py) with TRL's colocated vLLM rollouts and the vLLM eval
-    backend, on vLLM's CPU build (one training process: train.vllm_device=cpu needs the python launcher)."""
+    backend, on vLLM's CPU build (one training process: train.vllm_device=cpu needs the python launcher). Without the
+    A/A label (its train and eval jobs, ~50 s: uniform-aa is rehearsed in tests/test_rehearsal.py's paper-ktae)."""
     from harness.ops.rehearsal import rehearse
 
     sweep = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / "paper-ktae.yaml"
-    assert rehearse(sweep, tmp_path, mode="vllm-cpu") == 0, capsys.readouterr().out
+    assert rehearse(sweep, tmp_path, mode="vllm-cpu", labels=["uniform", "ktae"]) == 0, capsys.readouterr().out
     record = json.loads((tmp_path / "paper-ktae" / "runs" / "ktae" / "seed0" / "run.json").read_text())
     assert record["config"]["preset"]["train"]["use_vllm"] and record["budget"]["processes"] == 1
     results = json.loads((tmp_path / "paper-ktae" / "eval" / "ktae" / "seed0" / "ckpt-100" / "math500" /

@@ -225,13 +225,15 @@ def check_resume(rehearsal: Rehearsal, out_dir: Path) -> list[str]:
     return []
 
 
-def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2, resume: bool = True) -> int:
+def rehearse(sweep_file: Path, out_dir: Path, mode: str = "cpu", cores: int = 2, resume: bool = True,
+             labels: list[str] | None = None) -> int:
     """Prepare, run and check one paper sweep's rehearsal; print what was replaced and the outcome; 0 = passed.
-    ``resume``: also kill one train job after its first trainer checkpoint and check its rerun (``check_resume``)."""
+    ``resume``: also kill one train job after its first trainer checkpoint and check its rerun (``check_resume``).
+    ``labels``: rehearse only these of the sweep's methods (None: all of them)."""
     started = time.monotonic()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    rehearsal = prepare(Path(sweep_file), out_dir, mode)
+    rehearsal = prepare(Path(sweep_file), out_dir, mode, labels)
     print(f"rehearsal of {sweep_file} in {out_dir / rehearsal.name}")
     for line in rehearsal.replaced:
         print(f"  replaced: {line}")

@@ -255,13 +255,19 @@ def scaled_train(train, processes: int, context_tokens: int, context_limit: int)
 
 
 def rehearsal_sweep(sweep_file: Path, out_dir: Path, model_dir: Path, data_file: Path, context_tokens: int,
-                    mode: str = "cpu") -> Rehearsal:
+                    mode: str = "cpu", labels: list[str] | None = None) -> Rehearsal:
     """The sweep file's content with everything the rehearsal replaces (module docstring) overridden.
 
     ``context_tokens``: the rehearsal's longest prompt + completion, to scale the loss micro-batches in proportion
-    to the preset's context (``eval.vllm.max_model_len``)."""
+    to the preset's context (``eval.vllm.max_model_len``). ``labels``: rehearse only these of the sweep's methods
+    (None: all)."""
     raw = yaml.safe_load(Path(sweep_file).read_text())
     paper = resolve(sweep_file)
+    if labels is not None:
+        unknown = [label for label in labels if label not in paper.sweep.methods]
+        if unknown or not labels:
+            raise ValueError(f"--labels {','.join(labels)}: {sweep_file} has the methods {paper.sweep.methods}")
+        raw["methods"] = [label for label in paper.sweep.methods if label in labels]
     preset, train = paper.preset, paper.preset.train
     where = engine(mode)
     train_overrides = {**scaled_train(train, where.processes, context_tokens, preset.eval.vllm.max_model_len),
@@ -295,8 +301,8 @@ def _merge(base: dict, overrides: dict) -> dict:
     return out
 
 
-def prepare(sweep_file: Path, out_dir: Path, mode: str = "cpu") -> Rehearsal:
-    """Model, rows and the rehearsal sweep file (``out_dir/<name>.yaml``)."""
+def prepare(sweep_file: Path, out_dir: Path, mode: str = "cpu", labels: list[str] | None = None) -> Rehearsal:
+    """Model, rows and the rehearsal sweep file (``out_dir/<name>.yaml``) of ``labels`` (None: every method)."""
     paper = resolve(sweep_file)
     preset = paper.preset
     rows = rehearsal_rows()
@@ -307,7 +313,7 @@ def prepare(sweep_file: Path, out_dir: Path, mode: str = "cpu") -> Rehearsal:
     if not (model_dir / "config.json").is_file():
         build_model(preset, rows, model_dir)
     context = _longest_prompt(model_dir, paper.preset.prompt_template, rows) + COMPLETION_TOKENS
-    rehearsal = rehearsal_sweep(sweep_file, out_dir, model_dir, data_file, context, mode)
+    rehearsal = rehearsal_sweep(sweep_file, out_dir, model_dir, data_file, context, mode, labels)
     resolve(rehearsal.sweep)  # the rehearsal must pass the same checks as the paper sweep
     write_text_atomic(out_dir / f"{rehearsal.name}.yaml", yaml.safe_dump(rehearsal.sweep, sort_keys=False))
     return rehearsal
