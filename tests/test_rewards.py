@@ -105,11 +105,12 @@ def test_tiny_run_trains_on_correctness_plus_overlong(tiny_sweep, monkeypatch):
     """Two steps of the tiny preset with a 40-token maximum and a 30-token buffer (window 10 < |o| <= 40): TRL's
     per-function rewards hold correctness and the overlong term of each completion's length, the rollout
     advantages are the group advantages of their sum, and metrics.jsonl logs both terms and the sum."""
+    from harness.train import actor
     from harness.train.run import run_training
     from harness.train.trl import trainer as adapter
 
     captured_rewards, captured_batches = [], []
-    calculate_rewards, prepare_batch = adapter.TargetedGRPOTrainer._calculate_rewards, adapter.prepare_batch
+    calculate_rewards, prepare_batch = adapter.TargetedGRPOTrainer._calculate_rewards, actor.prepare_batch
 
     def spy_rewards(self, *args):
         out = calculate_rewards(self, *args)
@@ -122,7 +123,7 @@ def test_tiny_run_trains_on_correctness_plus_overlong(tiny_sweep, monkeypatch):
         return prepare_batch(method, batch, ctx)
 
     monkeypatch.setattr(adapter.TargetedGRPOTrainer, "_calculate_rewards", spy_rewards)
-    monkeypatch.setattr(adapter, "prepare_batch", spy_prepare)
+    monkeypatch.setattr(actor, "prepare_batch", spy_prepare)  # Actor.step_batch's hooks
     overrides, paths = tiny_sweep
     settings = ["train.budget.amount=2", "train.budget.checkpoint_fractions=[1.0]", "train.overlong.buffer=30",
                 "train.overlong.penalty=1.0"]
